@@ -1,0 +1,1 @@
+"""Confidence streams: real-time confidence scoring of LLM agent events on Kafka."""

@@ -1,0 +1,1 @@
+"""Pure scoring math: no Kafka, Faust, clock or environment access in this package."""
