@@ -1,0 +1,35 @@
+# Each target sets up the virtual environment itself on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench schemas lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,dev,embedded-broker]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/confidence-streams demo
+
+test: $(STAMP)
+	$(BIN)/ruff check streams tests bench
+	$(BIN)/mypy streams/scoring
+	$(BIN)/pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+schemas: $(STAMP)
+	$(BIN)/python -m streams.schemas
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check streams tests bench
+	$(BIN)/mypy streams/scoring
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

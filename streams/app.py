@@ -1,0 +1,148 @@
+"""Builds the Faust app, its topics and tables from one `Settings` (a factory: nothing happens at import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from prometheus_client import CollectorRegistry
+
+from streams import metrics as metrics_module
+from streams.config import ScoringConfigs, Settings, scoring_configs
+from streams.pipeline import AgentStage, ClaimStage, TraceStage
+
+__all__ = ["Service", "SourcePartitionedTable", "create_app"]
+
+
+class SourcePartitionedTable(faust.Table):  # type: ignore[misc]
+    """A table whose changelog record goes to the partition its key's source record came from.
+
+    Agents take batches that span partitions, so Faust's default (the partition of the *current* event)
+    would be wrong, and `use_partitioner=True` assumes producers used Kafka's default partitioner for
+    the trace key. Recording each key's source partition keeps state and input co-partitioned whatever
+    partitioner the producers used.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._source_partitions: dict[Any, int] = {}
+
+    def set_from(self, key: bytes, value: bytes | None, partition: int) -> None:
+        """Write (or delete, for None) `key`, logging the change to `partition` of the changelog."""
+        self._source_partitions[key] = partition
+        try:
+            if value is None:
+                self.pop(key, None)
+            else:
+                self[key] = value
+        finally:
+            self._source_partitions.pop(key, None)
+
+    def partition_for_key(self, key: Any) -> int | None:
+        return self._source_partitions.get(key)
+
+
+@dataclass(frozen=True)
+class Service:
+    """The app and everything agents and views share (no module-level globals)."""
+
+    settings: Settings
+    app: faust.App
+    registry: CollectorRegistry
+    metrics: metrics_module.Metrics
+    configs: ScoringConfigs
+    input_topic: faust.TopicT
+    responses_topic: faust.TopicT
+    claims_topic: faust.TopicT
+    output_topics: tuple[faust.TopicT, ...]
+    traces: SourcePartitionedTable
+    agents_history: faust.Table
+    claims: faust.Table
+    trace_stage: TraceStage
+    agent_stage: AgentStage
+    claim_stage: ClaimStage
+
+
+def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> Service:
+    """Build the Faust app for `settings`; agents and views are attached by `streams.agents`/`views`."""
+    registry = registry if registry is not None else CollectorRegistry()
+    app = faust.App(
+        settings.app_id,
+        broker=[f"kafka://{server.strip()}" for server in settings.kafka_bootstrap_servers.split(",")],
+        store="memory://",
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+        datadir=settings.data_dir,
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication_factor,
+        web_enabled=True,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        broker_session_timeout=settings.broker_session_timeout_seconds,
+        broker_heartbeat_interval=settings.broker_heartbeat_interval_seconds,
+        broker_rebalance_timeout=settings.broker_rebalance_timeout_seconds,
+        producer_max_batch_size=settings.producer_max_batch_bytes,
+        producer_linger_ms=settings.producer_linger_ms,
+        consumer_auto_offset_reset="earliest",
+        table_cleanup_interval=settings.sweep_interval_seconds,
+    )
+    metrics = metrics_module.create(registry, settings.metrics_label_cap)
+    configs = scoring_configs(settings)
+    input_topic = app.topic(*settings.input_topic_names, key_type=bytes, value_type=bytes)
+    responses_topic = app.topic(
+        settings.responses_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
+    )
+    claims_topic = app.topic(
+        settings.claims_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
+    )
+    output_topics = tuple(
+        app.topic(name, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions)
+        for name in (settings.scored_topic, settings.flagged_topic, settings.dlq_topic)
+    )
+    traces = SourcePartitionedTable(
+        app,
+        name="traces",
+        beacon=app.tables.beacon,
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="Per-trace evidence, sub results, claims and remembered outputs.",
+    )
+    app.tables.add(traces)
+    # The two repartition topics are produced by us with Kafka's default partitioner on the same key,
+    # so the partitioner puts each changelog record in the partition its key is consumed from.
+    agents_history = app.Table(
+        "agent-history",
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        use_partitioner=True,
+        help="Rolling per-(tenant, agent) response history.",
+    )
+    claims = app.Table(
+        "claims",
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        use_partitioner=True,
+        help="Claim graph state per (tenant, claim_id).",
+    )
+    return Service(
+        settings=settings,
+        app=app,
+        registry=registry,
+        metrics=metrics,
+        configs=configs,
+        input_topic=input_topic,
+        responses_topic=responses_topic,
+        claims_topic=claims_topic,
+        output_topics=output_topics,
+        traces=traces,
+        agents_history=agents_history,
+        claims=claims,
+        trace_stage=TraceStage(settings, configs, metrics),
+        agent_stage=AgentStage(settings, configs, metrics),
+        claim_stage=ClaimStage(settings, configs, metrics),
+    )

@@ -1,0 +1,90 @@
+"""The `confidence-streams` command: worker, topics create, demo, tail."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+__all__ = ["main"]
+
+
+def _worker(_: argparse.Namespace) -> int:
+    from faust import Worker
+
+    from streams.agents import attach_agents
+    from streams.app import create_app
+    from streams.config import load_settings
+    from streams.views import attach_views
+
+    settings = load_settings()
+    svc = create_app(settings)
+    attach_agents(svc)
+    attach_views(svc)
+    # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
+    worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from streams.config import load_settings
+    from streams.topics import create_topics
+
+    overrides: dict[str, object] = {}
+    if args.partitions is not None:
+        overrides["topic_partitions"] = args.partitions
+    if args.input_retention_ms is not None:
+        overrides["input_retention_ms"] = args.input_retention_ms
+    created = asyncio.run(create_topics(load_settings(**overrides)))
+    print("created:", ", ".join(created) or "nothing (all topics existed)")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from streams.demo_runner import run_demo
+
+    return run_demo(timeout=args.timeout)
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from streams.tail import tail
+
+    return asyncio.run(tail(flagged_only=args.flagged, limit=args.limit))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = argparse.ArgumentParser(prog="confidence-streams", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("worker", help="run a Faust worker (configuration from the environment)").set_defaults(
+        run=_worker
+    )
+    topics = commands.add_parser("topics", help="manage the service's topics")
+    topics_commands = topics.add_subparsers(dest="topics_command", required=True)
+    create = topics_commands.add_parser("create", help="create input, output, DLQ and internal topics")
+    create.add_argument("--partitions", type=int, default=None, help="override TOPIC_PARTITIONS")
+    create.add_argument("--input-retention-ms", type=int, default=None, help="override INPUT_RETENTION_MS")
+    create.set_defaults(run=_topics)
+    demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
+    demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
+    demo.set_defaults(run=_demo)
+    tail = commands.add_parser("tail", help="pretty-print scored (or flagged) events as they arrive")
+    tail.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
+    tail.add_argument("--limit", type=int, default=None, help="stop after this many events")
+    tail.set_defaults(run=_tail)
+
+    # `worker` hands the remaining argv to Faust's own command line.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        sys.argv = [sys.argv[0], "worker", *argv[1:]]
+        logging.basicConfig(level=logging.INFO)
+        return _worker(argparse.Namespace())
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

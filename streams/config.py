@@ -1,0 +1,146 @@
+"""Every setting of the service, read once from the environment (or `.env`) into one frozen class.
+
+Seed 003's variable names are kept (`CONFIDENCE_ENABLED`, `CONFIDENCE_AGGREGATION`, ...); every other
+setting is the upper-cased field name (`SCORED_TOPIC`, `TOPIC_PARTITIONS`, ...). Invalid values stop the
+process at start-up with pydantic's message naming the variable.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "load_settings"]
+
+UnitFloat = float
+
+
+class Settings(BaseSettings):
+    """All configuration; build it once with :func:`load_settings` and pass it down."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True, case_sensitive=False
+    )
+
+    # --- Kafka and Faust -------------------------------------------------------------------------
+    kafka_bootstrap_servers: str = Field("localhost:9092", description="Kafka bootstrap address(es).")
+    app_id: str = Field("confidence-streams", description="Faust app id = consumer group id.")
+    input_topics: str = Field("agent-events", description="Comma-separated input topics, keyed by trace_id.")
+    scored_topic: str = "scored-events"
+    flagged_topic: str = "flagged-events"
+    dlq_topic: str = "agent-events-dlq"
+    topic_partitions: int = Field(4, ge=1, le=1024)
+    topic_replication_factor: int = Field(1, ge=1, le=16)
+    input_retention_ms: int = Field(
+        3_600_000, ge=60_000, description="Retention of the input topic: raw logprobs live there."
+    )
+    web_host: str = "0.0.0.0"
+    web_port: int = Field(6066, ge=0, le=65535)
+    data_dir: str = "./confidence-streams-data"
+    batch_size: int = Field(500, ge=1, le=100_000, description="Max events per agent batch.")
+    batch_within_seconds: float = Field(0.05, gt=0, le=10)
+    broker_session_timeout_seconds: float = Field(10.0, gt=0)
+    broker_heartbeat_interval_seconds: float = Field(1.0, gt=0)
+    broker_rebalance_timeout_seconds: float = Field(10.0, gt=0)
+    producer_max_batch_bytes: int = Field(262_144, ge=16_384)
+    producer_linger_ms: int = Field(5, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- Bad input ----------------------------------------------------------------------------------
+    max_event_bytes: int = Field(1_048_576, ge=1024, description="Larger records are dead-lettered.")
+    max_array_items: int = Field(100_000, ge=1, description="Longest accepted list in an event.")
+
+    # --- Seed 003: per-response logprob confidence --------------------------------------------------
+    confidence_enabled: bool = True
+    confidence_aggregation: Literal["average", "min", "percentile_90"] = "average"
+    confidence_min_acceptance: float = Field(0.40, ge=0.0, le=1.0)
+    confidence_on_low: Literal["allow", "flag", "reject"] = "flag"
+    confidence_treat_null_as_low: bool = False
+    confidence_precision_decimals: int = Field(3, ge=0, le=12)
+
+    # --- Seed 004: composite and agent history -------------------------------------------------------
+    composite_default_threshold: float = Field(0.75, ge=0.0, le=1.0)
+    history_window_hours: float = Field(24.0, gt=0)
+    history_retention_hours: float = Field(168.0, gt=0, description="Agent history kept for statistics.")
+    kb_relevance_threshold: float = Field(0.7, ge=0.0, le=1.0)
+
+    # --- Seed 001: evidence -----------------------------------------------------------------------
+    evidence_recovery_threshold: float = Field(0.50, ge=0.0, le=1.0)
+    evidence_stop_threshold: float = Field(0.20, ge=0.0, le=1.0)
+    evidence_tool_categories: str = Field(
+        "find=search,grep=search,references=search,read=read,discovery=discovery,"
+        "cmake=verification,ctest=verification,git=git,gh=ci",
+        description="tool=category pairs, comma-separated.",
+    )
+
+    # --- Seed 002: claims -------------------------------------------------------------------------
+    claims_boost_factor: float = Field(0.1, ge=0.0)
+    claims_penalty_factor: float = Field(0.2, ge=0.0)
+    claims_diversity_max_types: int = Field(3, ge=1)
+    staleness_half_life_ephemeral_hours: float = Field(4.0, gt=0)
+    staleness_half_life_task_hours: float = Field(72.0, gt=0)
+    staleness_half_life_project_hours: float = Field(672.0, gt=0)
+    staleness_half_life_persistent_hours: float = Field(4380.0, gt=0)
+
+    # --- Seed 000: synthesis ----------------------------------------------------------------------
+    synthesis_min_confidence: float = Field(0.3, ge=0.0, le=1.0)
+    synthesis_conflict_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    synthesis_max_claims: int = Field(50, ge=1)
+
+    # --- State lifetime (event time) --------------------------------------------------------------
+    trace_ttl_hours: float = Field(24.0, gt=0, description="Per-trace state expires after this idle time.")
+    claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
+    sweep_interval_seconds: float = Field(60.0, gt=0)
+
+    # --- Metrics ----------------------------------------------------------------------------------
+    metrics_label_cap: int = Field(100, ge=1, description="Distinct label values before `other`.")
+
+    @field_validator("input_topics")
+    @classmethod
+    def _non_empty_topics(cls, value: str) -> str:
+        if not [t for t in value.split(",") if t.strip()]:
+            raise ValueError("INPUT_TOPICS must name at least one topic")
+        return value
+
+    @field_validator("evidence_tool_categories")
+    @classmethod
+    def _valid_mapping(cls, value: str) -> str:
+        for pair in value.split(","):
+            if pair.strip() and "=" not in pair:
+                raise ValueError(f"EVIDENCE_TOOL_CATEGORIES entry {pair!r} is not tool=category")
+        return value
+
+    @model_validator(mode="after")
+    def _timeouts_consistent(self) -> Settings:
+        if self.broker_heartbeat_interval_seconds >= self.broker_session_timeout_seconds:
+            raise ValueError("BROKER_HEARTBEAT_INTERVAL_SECONDS must be below BROKER_SESSION_TIMEOUT_SECONDS")
+        return self
+
+    @cached_property
+    def input_topic_names(self) -> tuple[str, ...]:
+        """The input topics as a tuple (all keyed by trace_id and co-partitioned)."""
+        return tuple(t.strip() for t in self.input_topics.split(",") if t.strip())
+
+    @cached_property
+    def tool_categories(self) -> dict[str, str]:
+        """The tool -> evidence category mapping."""
+        pairs = (p.split("=", 1) for p in self.evidence_tool_categories.split(",") if p.strip())
+        return {tool.strip().lower(): category.strip() for tool, category in pairs}
+
+    @property
+    def responses_topic(self) -> str:
+        """Internal repartition topic: scored responses keyed by (tenant, agent), no logprobs."""
+        return f"{self.app_id}-responses-by-agent"
+
+    @property
+    def claims_topic(self) -> str:
+        """Internal repartition topic: claim messages keyed by (tenant, claim_id)."""
+        return f"{self.app_id}-claims-by-id"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment once; keyword overrides win (tests build their own settings this way)."""
+    return Settings(**overrides)  # type: ignore[arg-type]

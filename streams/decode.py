@@ -1,0 +1,85 @@
+"""Bytes -> validated input event, or a `DeadLetter` saying why not (never an exception)."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from streams.dlq import DeadLetter, Reason
+from streams.events import ClaimEvent, LlmResponse, ToolInvocation, input_adapter
+
+__all__ = ["Decoded", "decode"]
+
+Decoded = LlmResponse | ToolInvocation | ClaimEvent
+
+_REASON_BY_ERROR_TYPE: dict[str, Reason] = {
+    "json_invalid": "invalid_json",
+    "json_type": "invalid_json",
+    "missing": "missing_field",
+    "union_tag_invalid": "unknown_event_type",
+    "union_tag_not_found": "missing_field",
+    "model_type": "not_an_object",
+    "model_attributes_type": "not_an_object",
+    "finite_number": "non_finite_number",
+    "greater_than_equal": "out_of_range",
+    "less_than_equal": "out_of_range",
+    "greater_than": "out_of_range",
+    "less_than": "out_of_range",
+    "literal_error": "invalid_value",
+    "string_too_short": "invalid_value",
+    "timezone_aware": "invalid_value",
+}
+
+
+def _reason(error: ErrorDetails) -> Reason:
+    loc = error["loc"]
+    if error["type"] == "literal_error" and loc and loc[-1] == "schema_version":
+        return "unsupported_schema_version"
+    return _REASON_BY_ERROR_TYPE.get(error["type"], "wrong_type")
+
+
+def _message(exc: ValidationError) -> str:
+    # Never include input values: a wrong-typed token_logprobs would otherwise leak into the header.
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "<event>"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def decode(raw: bytes | None, max_event_bytes: int, max_array_items: int) -> Decoded | DeadLetter:
+    """Validate one record's value against the input union and the size limits."""
+    if raw is None:
+        return DeadLetter(b"", "invalid_json", "EmptyRecord", "record has no value")
+    if len(raw) > max_event_bytes:
+        return DeadLetter(
+            raw, "oversized_event", "OversizedEvent", f"event of {len(raw)} bytes exceeds {max_event_bytes}"
+        )
+    try:
+        event = input_adapter.validate_json(raw)
+    except ValidationError as exc:
+        return DeadLetter(raw, _reason(exc.errors()[0]), type(exc).__name__, _message(exc))
+    for field, length in _array_lengths(event):
+        if length > max_array_items:
+            return DeadLetter(
+                raw,
+                "oversized_array",
+                "OversizedArray",
+                f"{field} has {length} entries, more than {max_array_items}",
+            )
+    return event
+
+
+def _array_lengths(event: Decoded) -> tuple[tuple[str, int], ...]:
+    if isinstance(event, LlmResponse):
+        return (
+            ("token_logprobs", len(event.token_logprobs or ())),
+            ("retrieval", len(event.retrieval or ())),
+        )
+    if isinstance(event, ClaimEvent):
+        return (
+            ("provenance", len(event.provenance)),
+            ("relationships", len(event.relationships)),
+            ("derived_from", len(event.derived_from)),
+        )
+    return ()

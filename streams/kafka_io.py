@@ -1,0 +1,136 @@
+"""Plain aiokafka producer/consumer helpers shared by the demo, `tail`, tests and benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+__all__ = ["Consumed", "WorkerProcess", "collect", "produce"]
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """One consumed record."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+
+
+async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]]) -> int:
+    """Send every (key, value) with Kafka's default partitioner; return how many were sent."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=262_144)
+    await producer.start()
+    sent = 0
+    try:
+        futures = []
+        for key, value in records:
+            futures.append(await producer.send(topic, value, key=key))
+            sent += 1
+        await producer.flush()
+        for future in futures:
+            await future
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def collect(
+    bootstrap: str,
+    topics: Iterable[str],
+    done: Callable[[list[Consumed]], bool],
+    timeout: float,
+) -> list[Consumed]:
+    """Read the topics from the beginning until `done(records)` holds; TimeoutError after `timeout` s."""
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        fetch_max_wait_ms=100,
+    )
+    await consumer.start()
+    records: list[Consumed] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not done(records):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met after {timeout:.0f}s with {len(records)} records")
+            batches = await consumer.getmany(timeout_ms=int(min(remaining, 0.5) * 1000))
+            for batch in batches.values():
+                for m in batch:
+                    records.append(
+                        Consumed(
+                            m.topic,
+                            m.partition,
+                            m.offset,
+                            m.key,
+                            m.value or b"",
+                            tuple((k, v) for k, v in (m.headers or ())),
+                            m.timestamp,
+                        )
+                    )
+    finally:
+        await consumer.stop()
+    return records
+
+
+class WorkerProcess:
+    """A `confidence-streams worker` subprocess with its own environment; stopped with SIGTERM."""
+
+    def __init__(self, env: Mapping[str, str], log_path: str) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "worker"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (graceful: Faust finishes, commits and flushes), then SIGKILL after `timeout`."""
+        process = self.process
+        if process is None:
+            return 0
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        return int(process.returncode)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def run(coro: object) -> object:
+    """asyncio.run for synchronous callers."""
+    return asyncio.run(coro)  # type: ignore[arg-type]

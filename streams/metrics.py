@@ -1,0 +1,152 @@
+"""Prometheus collectors, created per registry, with label values bounded by a cap."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LabelCap", "Metrics", "create"]
+
+OTHER = "other"
+_UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_LINEAR_0_1 = tuple(round(0.1 * i, 1) for i in range(11))  # prometheus.LinearBuckets(0, 0.1, 11)
+_LINEAR_COUNTS = tuple(float(i) for i in range(10))  # prometheus.LinearBuckets(0, 1, 10)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class LabelCap:
+    """Keeps at most `cap` distinct values per label; later newcomers are reported as `other`."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._seen: dict[str, set[str]] = {}
+
+    def __call__(self, label: str, value: str) -> str:
+        seen = self._seen.setdefault(label, set())
+        if value in seen:
+            return value
+        if len(seen) >= self._cap:
+            return OTHER
+        seen.add(value)
+        return value
+
+
+class Metrics(NamedTuple):
+    """Every collector the service exports."""
+
+    confidence_histogram: Histogram
+    confidence_average: Gauge
+    confidence_missing: Counter
+    confidence_rejected: Counter
+    synthesis_confidence: Histogram
+    synthesis_conflicts: Histogram
+    synthesis_filtered: Histogram
+    events_processed: Counter
+    events_dead_lettered: Counter
+    outputs_emitted: Counter
+    evidence_band: Counter
+    recovery_recommended: Counter
+    composite_blocked: Counter
+    agent_success_rate: Gauge
+    processing_latency: Histogram
+    labels: LabelCap
+
+
+def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
+    """Register every collector in `registry` (tests pass a fresh one)."""
+    response_labels = ("tenant", "model", "endpoint")
+    return Metrics(
+        confidence_histogram=Histogram(
+            "llm_confidence_histogram",
+            "Distribution of LLM confidence scores",
+            response_labels,
+            buckets=_UNIT_BUCKETS,
+            registry=registry,
+        ),
+        confidence_average=Gauge(
+            "llm_confidence_average",
+            "Rolling average of LLM confidence scores (exponentially weighted, alpha 0.05)",
+            response_labels,
+            registry=registry,
+        ),
+        confidence_missing=Counter(
+            "llm_confidence_missing",
+            "Count of responses where logprobs were unavailable",
+            response_labels,
+            registry=registry,
+        ),
+        confidence_rejected=Counter(
+            "llm_confidence_rejected",
+            "Count of responses rejected due to low confidence",
+            response_labels,
+            registry=registry,
+        ),
+        synthesis_confidence=Histogram(
+            "rlm_synthesis_confidence",
+            "Distribution of synthesis confidence scores",
+            buckets=_LINEAR_0_1,
+            registry=registry,
+        ),
+        synthesis_conflicts=Histogram(
+            "rlm_synthesis_conflicts",
+            "Number of conflicts per synthesis",
+            buckets=_LINEAR_COUNTS,
+            registry=registry,
+        ),
+        synthesis_filtered=Histogram(
+            "rlm_synthesis_filtered_results",
+            "Results filtered due to low confidence",
+            buckets=_LINEAR_COUNTS,
+            registry=registry,
+        ),
+        events_processed=Counter(
+            "confidence_events_processed",
+            "Input events decoded and scored, by event type",
+            ("event_type",),
+            registry=registry,
+        ),
+        events_dead_lettered=Counter(
+            "confidence_events_dead_lettered",
+            "Input records sent to the dead-letter topic, by reason",
+            ("reason",),
+            registry=registry,
+        ),
+        outputs_emitted=Counter(
+            "confidence_outputs_emitted",
+            "Output events sent to the scored topic, by event type",
+            ("event_type",),
+            registry=registry,
+        ),
+        evidence_band=Counter(
+            "confidence_evidence_band",
+            "TRACE_SCORED outputs by evidence band",
+            ("band",),
+            registry=registry,
+        ),
+        recovery_recommended=Counter(
+            "confidence_recovery_recommended",
+            "TRACE_SCORED outputs that recommend recovery",
+            registry=registry,
+        ),
+        composite_blocked=Counter(
+            "confidence_composite_blocked",
+            "Responses blocked by the 4-factor composite, by agent type",
+            ("agent_type",),
+            registry=registry,
+        ),
+        agent_success_rate=Gauge(
+            "confidence_agent_success_rate",
+            "Share of an agent's responses in the history window that met its threshold",
+            ("tenant", "agent"),
+            registry=registry,
+        ),
+        processing_latency=Histogram(
+            "confidence_processing_latency_seconds",
+            "Producer timestamp of the input to the send of its output",
+            ("event_type",),
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        labels=LabelCap(label_cap),
+    )

@@ -1,0 +1,100 @@
+"""What the worker keeps in its tables, and the messages it passes between its stages (never a logprob)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams.events import LlmResponse
+from streams.scoring.claim_graph import ClaimArrived, PeerUpdate
+from streams.scoring.evidence import EvidenceState
+from streams.scoring.heuristic import Component, HeuristicResult
+from streams.scoring.synthesis import TraceClaim
+
+__all__ = [
+    "AgentHistory",
+    "ClaimMessage",
+    "HistoryEntry",
+    "PendingResponse",
+    "SubCallRecord",
+    "TraceState",
+    "table_key",
+]
+
+
+def table_key(tenant_id: str, name: str) -> bytes:
+    """Tables are scoped per tenant: the key is the JSON array [tenant_id, name]."""
+    return orjson.dumps([tenant_id, name])
+
+
+class SubCallRecord(BaseModel):
+    """A `sub_call` response remembered for its trace's synthesis: text, heuristic, rounded confidence."""
+
+    model_config = ConfigDict(frozen=True)
+    sub_call_id: str
+    content: str
+    components: tuple[Component, ...]
+    logprob_confidence: float | None
+
+
+class TraceState(BaseModel):
+    """Everything one trace needs: evidence, sub results, claims (first N) and outputs per applied input."""
+
+    model_config = ConfigDict(frozen=True)
+    tenant_id: str
+    trace_id: str
+    partition: int = Field(description="Input partition of the trace: its changelog records go there too.")
+    last_event_time: datetime
+    evidence: EvidenceState = Field(default_factory=EvidenceState)
+    sub_calls: dict[str, SubCallRecord] = Field(default_factory=dict)
+    claims: dict[str, TraceClaim] = Field(default_factory=dict)
+    # Input event id -> the outputs it produced here, so a re-delivery re-emits them unchanged.
+    remembered: dict[str, list[dict[str, object]]] = Field(default_factory=dict)
+
+
+class PendingResponse(BaseModel):
+    """An LLM response on its way to the agent-history stage: logprobs replaced by their confidence."""
+
+    model_config = ConfigDict(frozen=True)
+    event: LlmResponse
+    confidence: float | None
+    logprobs_present: bool
+    heuristic: HeuristicResult
+    received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+
+
+class HistoryEntry(BaseModel):
+    """One applied response of an agent, as seed 004's history JSONL records it."""
+
+    model_config = ConfigDict(frozen=True)
+    event_id: str
+    event_time: datetime
+    threshold_met: bool
+    composite: float
+    blocked: bool
+    history_score: float = Field(description="The history factor this response was scored with.")
+
+
+class AgentHistory(BaseModel):
+    """Rolling history of one (tenant, agent_name), pruned to the retention window of event time."""
+
+    model_config = ConfigDict(frozen=True)
+    tenant_id: str
+    agent_name: str
+    agent_type: str
+    entries: tuple[HistoryEntry, ...] = ()
+
+
+class ClaimMessage(BaseModel):
+    """Envelope on the claims topic: a claim's own input, or a neighbour's update."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["arrived", "peer"]
+    tenant_id: str
+    recipient: str = Field(description="The claim id this message is for (the record key's claim id).")
+    arrived: ClaimArrived | None = None
+    peer: PeerUpdate | None = None
+    received_at: float

@@ -1,0 +1,170 @@
+"""HTTP on the worker's web port: /metrics, /healthz and read-only query views over the tables.
+
+Each view is routed to the worker that owns the key (Faust's router), so any worker can be asked.
+Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents are read as stored.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from faust.exceptions import SameNode
+from faust.web import Request, Response, View
+from faust.web.exceptions import ServiceUnavailable
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from streams.app import Service
+from streams.scoring import claim_graph, evidence
+from streams.state import AgentHistory, TraceState, table_key
+
+__all__ = ["agent_statistics", "attach_views", "claim_matches"]
+
+
+def _json(web: Any, body: object, status: int = 200) -> Response:
+    return web.bytes(orjson.dumps(body), content_type="application/json", status=status)
+
+
+def _float_param(request: Request, name: str) -> float | None:
+    raw = request.query.get(name)
+    return None if raw is None else float(raw)
+
+
+def claim_matches(
+    lower: float,
+    upper: float,
+    *,
+    min_lower: float | None = None,
+    min_width: float | None = None,
+    min_upper: float | None = None,
+    max_lower: float | None = None,
+) -> bool:
+    """Seed 002's three queries: lower above x; width above x; upper high but lower low."""
+    if min_lower is not None and not lower >= min_lower:
+        return False
+    if min_width is not None and not (upper - lower) >= min_width:
+        return False
+    if min_upper is not None and not upper >= min_upper:
+        return False
+    return not (max_lower is not None and not lower <= max_lower)
+
+
+def agent_statistics(history: AgentHistory, hours: float, now: datetime, threshold: float) -> dict[str, object]:
+    """Seed 004's `get_agent_statistics` over the last `hours` of event time before `now`."""
+    since = now - timedelta(hours=hours)
+    recent = [e for e in history.entries if e.event_time >= since]
+    total = len(recent)
+    return {
+        "tenant_id": history.tenant_id,
+        "agent_name": history.agent_name,
+        "agent_type": history.agent_type,
+        "lookback_hours": hours,
+        "total_executions": total,
+        "success_rate": (sum(e.threshold_met for e in recent) / total) if total else 0.0,
+        "average_confidence": (sum(e.composite for e in recent) / total) if total else 0.0,
+        "blocked_count": sum(e.blocked for e in recent),
+        "threshold": threshold,
+    }
+
+
+def attach_views(svc: Service) -> None:
+    """Register the HTTP endpoints on `svc.app`."""
+    app = svc.app
+
+    @app.page("/metrics")
+    class MetricsView(View):  # type: ignore[misc]
+        async def get(self, request: Request) -> Response:
+            return self.bytes(generate_latest(svc.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/healthz")
+    class HealthView(View):  # type: ignore[misc]
+        async def get(self, request: Request) -> Response:
+            return _json(self.web, {"status": "ok", "app_id": svc.settings.app_id})
+
+    @app.page("/traces/{tenant_id}/{trace_id}")
+    class TraceView(View):  # type: ignore[misc]
+        async def get(self, request: Request, tenant_id: str, trace_id: str) -> Response:
+            try:
+                # Traces live with their input partition: route by the input topic's key.
+                return await app.router.route_topic_req(svc.input_topic, trace_id.encode(), self.web, request)
+            except SameNode:
+                pass
+            except ServiceUnavailable:
+                return _json(self.web, {"error": "no worker owns this trace yet"}, 503)
+            raw = svc.traces.get(table_key(tenant_id, trace_id))
+            if raw is None:
+                return _json(self.web, {"error": "unknown trace"}, 404)
+            state = TraceState.model_validate_json(raw)
+            result = evidence.score(state.evidence, svc.configs.evidence)
+            return _json(
+                self.web,
+                {
+                    "tenant_id": tenant_id,
+                    "trace_id": trace_id,
+                    "last_event_time": state.last_event_time.isoformat(),
+                    "evidence": result.model_dump(mode="json"),
+                    "sub_calls": sorted(state.sub_calls),
+                    "claims": sorted(state.claims),
+                },
+            )
+
+    @app.page("/claims/{tenant_id}/{claim_id}")
+    class ClaimView(View):  # type: ignore[misc]
+        async def get(self, request: Request, tenant_id: str, claim_id: str) -> Response:
+            key = table_key(tenant_id, claim_id)
+            try:
+                return await app.router.route_req(svc.claims.name, key, self.web, request)
+            except SameNode:
+                pass
+            except ServiceUnavailable:
+                return _json(self.web, {"error": "no worker owns this claim yet"}, 503)
+            raw = svc.claims.get(key)
+            state = None if raw is None else claim_graph.ClaimState.model_validate_json(raw)
+            if state is None or state.definition is None:
+                return _json(self.web, {"error": "unknown claim"}, 404)
+            as_of = datetime.now(UTC)
+            interval = claim_graph.interval_at(state, as_of, svc.configs.claims)
+            try:
+                filters = {
+                    name: _float_param(request, name) for name in ("min_lower", "min_width", "min_upper", "max_lower")
+                }
+            except ValueError:
+                return _json(self.web, {"error": "filters must be numbers"}, 400)
+            return _json(
+                self.web,
+                {
+                    "tenant_id": tenant_id,
+                    "claim_id": claim_id,
+                    "trace_id": state.definition.trace_id,
+                    "as_of": as_of.isoformat(),
+                    "matches": claim_matches(interval.lower, interval.upper, **filters),
+                    "filters": {k: v for k, v in filters.items() if v is not None},
+                    "interval": interval.model_dump(mode="json"),
+                },
+            )
+
+    @app.page("/agents/{tenant_id}/{agent_name}")
+    class AgentView(View):  # type: ignore[misc]
+        async def get(self, request: Request, tenant_id: str, agent_name: str) -> Response:
+            key = table_key(tenant_id, agent_name)
+            try:
+                return await app.router.route_req(svc.agents_history.name, key, self.web, request)
+            except SameNode:
+                pass
+            except ServiceUnavailable:
+                return _json(self.web, {"error": "no worker owns this agent yet"}, 503)
+            try:
+                hours = _float_param(request, "hours") or 168.0
+            except ValueError:
+                return _json(self.web, {"error": "hours must be a number"}, 400)
+            raw = svc.agents_history.get(key)
+            if raw is None:
+                return _json(self.web, {"error": "unknown agent"}, 404)
+            history = AgentHistory.model_validate_json(raw)
+            newest = max((e.event_time for e in history.entries), default=datetime.now(UTC))
+            threshold = svc.configs.composite.threshold_for(history.agent_type)
+            # The window ends at the agent's newest event (event time), not the wall clock.
+            return _json(self.web, agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold))
+
+    del MetricsView, HealthView, TraceView, ClaimView, AgentView
