@@ -52,7 +52,9 @@ def attach_agents(svc: Service) -> None:
     async def score_events(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(batch, within=within):
             records = [
-                InputRecord(e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value)
+                InputRecord(
+                    e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value
+                )
                 for e in events
             ]
             outputs, states = svc.trace_stage.process(records, load_trace)
@@ -87,12 +89,15 @@ def attach_agents(svc: Service) -> None:
         for key, partition in expired_traces:
             svc.traces.set_from(key, None, partition)
         expired_claims = [
-            key for key, raw in list(svc.claims.items()) if svc.claim_stage.expired(ClaimState.model_validate_json(raw))
+            key
+            for key, raw in list(svc.claims.items())
+            if svc.claim_stage.expired(ClaimState.model_validate_json(raw))
         ]
         for key in expired_claims:
             svc.claims.pop(key, None)
         if expired_traces or expired_claims:
-            log.info("swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims))
+            log.info(
+                "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
+            )
 
     del score_events, score_responses, score_claims, sweep_expired_state  # registered on the app
-

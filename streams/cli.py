@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = argparse.ArgumentParser(prog="confidence-streams", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("worker", help="run a Faust worker (configuration from the environment)").set_defaults(
-        run=_worker
-    )
+    commands.add_parser(
+        "worker", help="run a Faust worker (configuration from the environment)"
+    ).set_defaults(run=_worker)
     topics = commands.add_parser("topics", help="manage the service's topics")
     topics_commands = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_commands.add_parser("create", help="create input, output, DLQ and internal topics")

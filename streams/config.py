@@ -7,15 +7,21 @@ process at start-up with pydantic's message naming the variable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import timedelta
 from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "load_settings"]
+from streams.scoring.claims import ClaimsConfig
+from streams.scoring.composite import CompositeConfig
+from streams.scoring.evidence import EvidenceConfig
+from streams.scoring.response import ResponseConfig
+from streams.scoring.synthesis import SynthesisConfig
 
-UnitFloat = float
+__all__ = ["ScoringConfigs", "Settings", "load_settings", "scoring_configs"]
 
 
 class Settings(BaseSettings):
@@ -144,3 +150,58 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read the environment once; keyword overrides win (tests build their own settings this way)."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ScoringConfigs:
+    """The pure scorers' configuration objects, built once from the settings."""
+
+    response: ResponseConfig
+    composite: CompositeConfig
+    evidence: EvidenceConfig
+    claims: ClaimsConfig
+    synthesis: SynthesisConfig
+
+
+def scoring_configs(settings: Settings) -> ScoringConfigs:
+    """Translate environment settings into the scorers' frozen configs."""
+    base_composite = CompositeConfig()
+    base_evidence = EvidenceConfig()
+    return ScoringConfigs(
+        response=ResponseConfig(
+            enabled=settings.confidence_enabled,
+            aggregation=settings.confidence_aggregation,
+            min_acceptance=settings.confidence_min_acceptance,
+            on_low=settings.confidence_on_low,
+            treat_null_as_low=settings.confidence_treat_null_as_low,
+            precision=settings.confidence_precision_decimals,
+        ),
+        composite=CompositeConfig(
+            weights=base_composite.weights,
+            thresholds=base_composite.thresholds,
+            default_threshold=settings.composite_default_threshold,
+            kb_relevance_threshold=settings.kb_relevance_threshold,
+        ),
+        evidence=EvidenceConfig(
+            tool_categories=settings.tool_categories,
+            weights=base_evidence.weights,
+            recovery_threshold=settings.evidence_recovery_threshold,
+            stop_threshold=settings.evidence_stop_threshold,
+        ),
+        claims=ClaimsConfig(
+            boost_factor=settings.claims_boost_factor,
+            penalty_factor=settings.claims_penalty_factor,
+            diversity_max_types=settings.claims_diversity_max_types,
+            half_lives={
+                "ephemeral": timedelta(hours=settings.staleness_half_life_ephemeral_hours),
+                "task": timedelta(hours=settings.staleness_half_life_task_hours),
+                "project": timedelta(hours=settings.staleness_half_life_project_hours),
+                "persistent": timedelta(hours=settings.staleness_half_life_persistent_hours),
+            },
+        ),
+        synthesis=SynthesisConfig(
+            min_confidence=settings.synthesis_min_confidence,
+            conflict_threshold=settings.synthesis_conflict_threshold,
+            max_claims=settings.synthesis_max_claims,
+        ),
+    )

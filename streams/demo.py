@@ -52,7 +52,9 @@ class _Builder:
         self.traffic = DemoTraffic()
         self.counter = 0
 
-    def common(self, kind: str, tenant: str, trace: str, agent: str, agent_type: str, minutes: float) -> dict[str, Any]:
+    def common(
+        self, kind: str, tenant: str, trace: str, agent: str, agent_type: str, minutes: float
+    ) -> dict[str, Any]:
         self.counter += 1
         return {
             "event_id": f"demo-{self.counter:05d}",
@@ -140,10 +142,22 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
     # Claims in two traces, one contradicting the other, plus sub calls and a synthesis.
     claim_specs = [
         ("trace-synth", "c-nil-1", "The function returns nil on error", "sub-a", [], ["extraction", "agent"]),
-        ("trace-synth", "c-nil-2", "The function never returns nil", "sub-b",
-         [{"type": "contradicts", "target": "c-nil-1", "strength": 0.8}], ["agent"]),
-        ("trace-other", "c-retry", "Retries use exponential backoff", "sub-c",
-         [{"type": "supports", "target": "c-nil-1", "strength": 0.5}], ["user", "extraction", "agent"]),
+        (
+            "trace-synth",
+            "c-nil-2",
+            "The function never returns nil",
+            "sub-b",
+            [{"type": "contradicts", "target": "c-nil-1", "strength": 0.8}],
+            ["agent"],
+        ),
+        (
+            "trace-other",
+            "c-retry",
+            "Retries use exponential backoff",
+            "sub-c",
+            [{"type": "supports", "target": "c-nil-1", "strength": 0.5}],
+            ["user", "extraction", "agent"],
+        ),
     ]
     for trace, claim_id, statement, source, relationships, kinds in claim_specs:
         minute += 0.5
@@ -165,14 +179,27 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
     ]:
         minute += 0.5
         event = b.common("LLM_RESPONSE", "acme", "trace-synth", "planner-1", "planner", minute)
-        event.update(request_id=f"req-{sub_id}", model="gpt-4o", endpoint="/v1/chat", role="sub_call",
-                     sub_call_id=sub_id, response=text, token_logprobs=b.logprobs(mean, 20))
+        event.update(
+            request_id=f"req-{sub_id}",
+            model="gpt-4o",
+            endpoint="/v1/chat",
+            role="sub_call",
+            sub_call_id=sub_id,
+            response=text,
+            token_logprobs=b.logprobs(mean, 20),
+        )
         b.add(event)
         t.responses += 1
     minute += 0.5
     event = b.common("LLM_RESPONSE", "acme", "trace-synth", "planner-1", "planner", minute)
-    event.update(request_id="req-synth", model="gpt-4o", endpoint="/v1/chat", role="synthesis",
-                 response="Combined answer: load() returns nil on error.", token_logprobs=b.logprobs(-0.1, 20))
+    event.update(
+        request_id="req-synth",
+        model="gpt-4o",
+        endpoint="/v1/chat",
+        role="synthesis",
+        response="Combined answer: load() returns nil on error.",
+        token_logprobs=b.logprobs(-0.1, 20),
+    )
     b.add(event)
     t.responses += 1
     t.syntheses += 1
@@ -182,8 +209,17 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
         b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.1, -0.2',  # truncated JSON
         orjson.dumps({**bad_event, "event_type": "SOMETHING_ELSE"}),
         orjson.dumps({k: v for k, v in bad_event.items() if k != "tenant_id"}),
-        orjson.dumps({**bad_event, "schema_version": 2, "request_id": "r", "model": "m", "endpoint": "e",
-                      "response": "x", "token_logprobs": [-0.5]}),
+        orjson.dumps(
+            {
+                **bad_event,
+                "schema_version": 2,
+                "request_id": "r",
+                "model": "m",
+                "endpoint": "e",
+                "response": "x",
+                "token_logprobs": [-0.5],
+            }
+        ),
     ]
     for raw in bad_records:
         t.records.append((b"trace-bad", raw))

@@ -90,7 +90,9 @@ def run_demo(timeout: float = 120.0) -> int:
         started = time.monotonic()
         with WorkerProcess(env, log_path):
             console.print(f"worker started (web on 127.0.0.1:{web_port}, log {log_path})")
-            sent = asyncio.run(produce(running.bootstrap_servers, settings.input_topic_names[0], traffic.records))
+            sent = asyncio.run(
+                produce(running.bootstrap_servers, settings.input_topic_names[0], traffic.records)
+            )
             console.print(f"produced {sent} events ({traffic.bad} deliberately bad)")
             topics = [settings.scored_topic, settings.flagged_topic, settings.dlq_topic]
             try:
@@ -110,7 +112,9 @@ def run_demo(timeout: float = 120.0) -> int:
     return 0
 
 
-def _summary(console: Console, records: list[Consumed], scored: str, flagged: str, dlq: str, elapsed: float) -> None:
+def _summary(
+    console: Console, records: list[Consumed], scored: str, flagged: str, dlq: str, elapsed: float
+) -> None:
     outputs = [orjson.loads(r.value) for r in records if r.topic == scored]
     flagged_count = sum(1 for r in records if r.topic == flagged)
     dead = [r for r in records if r.topic == dlq]
@@ -152,7 +156,10 @@ def _describe(output: dict[str, object]) -> tuple[str, str]:
     if kind == "RESPONSE_SCORED":
         comp = output["composite"]
         assert isinstance(comp, dict)
-        return f"conf={output['confidence']} composite={comp['score']:.3f}", f"{output['action']} {comp['level']}"
+        return (
+            f"conf={output['confidence']} composite={comp['score']:.3f}",
+            f"{output['action']} {comp['level']}",
+        )
     if kind == "TRACE_SCORED":
         ev = output["evidence"]
         assert isinstance(ev, dict)

@@ -149,7 +149,11 @@ class TraceStage:
         )
 
     def _apply(
-        self, state: TraceState, event: LlmResponse | ToolInvocation | ClaimEvent, record: InputRecord, out: _Outputs
+        self,
+        state: TraceState,
+        event: LlmResponse | ToolInvocation | ClaimEvent,
+        record: InputRecord,
+        out: _Outputs,
     ) -> TraceState:
         key = event.trace_id.encode()
         remembered = state.remembered.get(event.event_id)
@@ -167,7 +171,10 @@ class TraceStage:
         else:
             state, produced = self._claim(state, event, record, out)
         return state.model_copy(
-            update={"last_event_time": last_time, "remembered": {**state.remembered, event.event_id: produced}}
+            update={
+                "last_event_time": last_time,
+                "remembered": {**state.remembered, event.event_id: produced},
+            }
         )
 
     # --- TOOL_INVOCATION -> TRACE_SCORED ---------------------------------------------------------------
@@ -310,7 +317,11 @@ class TraceStage:
         out.records.append(Record(self.settings.claims_topic, key, message.model_dump_json().encode()))
 
     def _forward(
-        self, event: LlmResponse | ToolInvocation | ClaimEvent, state: TraceState, record: InputRecord, out: _Outputs
+        self,
+        event: LlmResponse | ToolInvocation | ClaimEvent,
+        state: TraceState,
+        record: InputRecord,
+        out: _Outputs,
     ) -> None:
         """On re-delivery, downstream stages get the input again and re-emit their remembered outputs."""
         if isinstance(event, LlmResponse):
@@ -395,7 +406,9 @@ class AgentStage:
             key = table_key(event.tenant_id, event.agent_name)
             history = dirty.get(key) or load(key)
             if history is None:
-                history = AgentHistory(tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type)
+                history = AgentHistory(
+                    tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
+                )
             dirty[key] = self._apply(history, pending, out)
         return out.records, dirty
 
@@ -483,7 +496,9 @@ class AgentStage:
             ),
         ).model_dump(mode="json")
 
-    def _observe(self, pending: PendingResponse, output: dict[str, object], entries: tuple[HistoryEntry, ...]) -> None:
+    def _observe(
+        self, pending: PendingResponse, output: dict[str, object], entries: tuple[HistoryEntry, ...]
+    ) -> None:
         m = self.metrics
         event = pending.event
         labels = (
@@ -497,8 +512,10 @@ class AgentStage:
         else:
             m.confidence_histogram.labels(*labels).observe(pending.confidence)
             gauge = m.confidence_average.labels(*labels)
-            previous = gauge._value.get()  # noqa: SLF001 - the gauge holds the running average itself
-            gauge.set(pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous))
+            previous = gauge._value.get()
+            gauge.set(
+                pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous)
+            )
         if output["action"] == "reject":
             m.confidence_rejected.labels(*labels).inc()
         comp = output["composite"]
@@ -508,9 +525,9 @@ class AgentStage:
         window_start = event.timestamp - timedelta(hours=self.settings.history_window_hours)
         recent = [e for e in entries if e.event_time >= window_start]
         if recent:
-            m.agent_success_rate.labels(m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)).set(
-                sum(e.threshold_met for e in recent) / len(recent)
-            )
+            m.agent_success_rate.labels(
+                m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
+            ).set(sum(e.threshold_met for e in recent) / len(recent))
 
 
 class ClaimStage:
@@ -551,12 +568,21 @@ class ClaimStage:
                     received_at=envelope.received_at,
                 )
                 key = table_key(envelope.tenant_id, recipient)
-                out.records.append(Record(self.settings.claims_topic, key, forward.model_dump_json().encode()))
+                out.records.append(
+                    Record(self.settings.claims_topic, key, forward.model_dump_json().encode())
+                )
         return out.records, dirty
 
     def _emit(self, envelope: ClaimMessage, score: claim_graph.ClaimScore, out: _Outputs) -> None:
         output = ClaimScored(
-            event_id=output_event_id("CLAIM_SCORED", score.source_event_id, envelope.tenant_id, score.claim_id, score.cause),
+            event_id=output_event_id(
+                "CLAIM_SCORED",
+                score.source_event_id,
+                envelope.tenant_id,
+                score.claim_id,
+                score.cause,
+                str(score.sequence),
+            ),
             source_event_id=score.source_event_id,
             trace_id=score.trace_id,
             tenant_id=envelope.tenant_id,
@@ -573,5 +599,3 @@ class ClaimStage:
         if self.newest_event_time is None or state.last_event_time is None:
             return False
         return self.newest_event_time - state.last_event_time > timedelta(days=self.settings.claim_ttl_days)
-
-

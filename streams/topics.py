@@ -23,7 +23,9 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
     """Every topic the service reads or writes, with its partitions and configs."""
     partitions, replication = settings.topic_partitions, settings.topic_replication_factor
     specs = [
-        NewTopic(name, partitions, replication, topic_configs={"retention.ms": str(settings.input_retention_ms)})
+        NewTopic(
+            name, partitions, replication, topic_configs={"retention.ms": str(settings.input_retention_ms)}
+        )
         for name in settings.input_topic_names
     ]
     for name in (

@@ -50,7 +50,9 @@ def claim_matches(
     return not (max_lower is not None and not lower <= max_lower)
 
 
-def agent_statistics(history: AgentHistory, hours: float, now: datetime, threshold: float) -> dict[str, object]:
+def agent_statistics(
+    history: AgentHistory, hours: float, now: datetime, threshold: float
+) -> dict[str, object]:
     """Seed 004's `get_agent_statistics` over the last `hours` of event time before `now`."""
     since = now - timedelta(hours=hours)
     recent = [e for e in history.entries if e.event_time >= since]
@@ -127,7 +129,8 @@ def attach_views(svc: Service) -> None:
             interval = claim_graph.interval_at(state, as_of, svc.configs.claims)
             try:
                 filters = {
-                    name: _float_param(request, name) for name in ("min_lower", "min_width", "min_upper", "max_lower")
+                    name: _float_param(request, name)
+                    for name in ("min_lower", "min_width", "min_upper", "max_lower")
                 }
             except ValueError:
                 return _json(self.web, {"error": "filters must be numbers"}, 400)
@@ -165,6 +168,8 @@ def attach_views(svc: Service) -> None:
             newest = max((e.event_time for e in history.entries), default=datetime.now(UTC))
             threshold = svc.configs.composite.threshold_for(history.agent_type)
             # The window ends at the agent's newest event (event time), not the wall clock.
-            return _json(self.web, agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold))
+            return _json(
+                self.web, agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold)
+            )
 
     del MetricsView, HealthView, TraceView, ClaimView, AgentView

@@ -1,0 +1,8 @@
+"""`make bench`: run every benchmark."""
+
+from __future__ import annotations
+
+from bench.scoring import main as scoring_main
+
+if __name__ == "__main__":
+    scoring_main()

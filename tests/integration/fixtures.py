@@ -1,0 +1,144 @@
+"""Factories for the real-broker tier: a worker on private topics, events, and output collection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+from streams.config import Settings, load_settings
+from streams.demo import encode
+from streams.demo_runner import worker_env
+from streams.harness import RunningBroker
+from streams.kafka_io import Consumed, WorkerProcess, collect, produce
+from streams.topics import create_topics
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Deployment:
+    """Private topics and one or more workers sharing a consumer group."""
+
+    kafka: RunningBroker
+    suffix: str
+    settings: Settings
+    env: dict[str, str]
+    workdir: str
+    workers: list[WorkerProcess] = field(default_factory=list)
+    web_ports: list[int] = field(default_factory=list)
+
+    def start_worker(self) -> WorkerProcess:
+        port = free_port()
+        data_dir = os.path.join(self.workdir, f"worker-{len(self.workers)}")
+        env = {**self.env, "WEB_PORT": str(port), "DATA_DIR": data_dir}
+        worker = WorkerProcess(env, os.path.join(self.workdir, f"worker-{len(self.workers)}.log")).start()
+        self.workers.append(worker)
+        self.web_ports.append(port)
+        return worker
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+    def produce(self, events: list[dict[str, Any]] | list[bytes], key: bytes | None = None) -> None:
+        records = [
+            (key if key is not None else (str(e["trace_id"]).encode() if isinstance(e, dict) else b"k"),
+             encode(e) if isinstance(e, dict) else e)
+            for e in events
+        ]
+        asyncio.run(produce(self.kafka.bootstrap_servers, self.settings.input_topic_names[0], records))
+
+    def collect(self, done: Callable[[list[Consumed]], bool], timeout: float = 90.0) -> list[Consumed]:
+        topics = [self.settings.scored_topic, self.settings.flagged_topic, self.settings.dlq_topic]
+        return asyncio.run(collect(self.kafka.bootstrap_servers, topics, done, timeout))
+
+    def outputs(self, records: list[Consumed], topic: str | None = None) -> list[dict[str, Any]]:
+        wanted = topic or self.settings.scored_topic
+        return [orjson.loads(r.value) for r in records if r.topic == wanted]
+
+    def log_text(self) -> str:
+        text = []
+        for worker in self.workers:
+            with open(worker.log_path, errors="replace") as handle:
+                text.append(handle.read())
+        return "\n".join(text)
+
+
+def deploy(kafka: RunningBroker, partitions: int = 4, **extra: str) -> Deployment:
+    suffix = f"-t{uuid.uuid4().hex[:8]}"
+    workdir = tempfile.mkdtemp(prefix="confidence-test-")
+    env = worker_env(kafka.bootstrap_servers, suffix, workdir, 0, TOPIC_PARTITIONS=str(partitions), **extra)
+    settings = load_settings(**{k.lower(): v for k, v in env.items()})
+    asyncio.run(create_topics(settings))
+    return Deployment(kafka, suffix, settings, env, workdir)
+
+
+class EventFactory:
+    """Builds valid input events; every call gets a fresh event id."""
+
+    def __init__(self, tenant: str = "t1") -> None:
+        self.tenant = tenant
+        self.run = uuid.uuid4().hex[:6]
+        self.n = 0
+
+    def _common(self, kind: str, trace: str, minutes: float, agent: str, agent_type: str) -> dict[str, Any]:
+        self.n += 1
+        return {
+            "event_id": f"{self.run}-{self.n}",
+            "event_type": kind,
+            "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+            "tenant_id": self.tenant,
+            "trace_id": trace,
+            "agent_name": agent,
+            "agent_type": agent_type,
+            "schema_version": 1,
+        }
+
+    def response(self, trace: str, minutes: float = 0, agent: str = "planner-1", agent_type: str = "planner",
+                 **fields: Any) -> dict[str, Any]:
+        event = self._common("LLM_RESPONSE", trace, minutes, agent, agent_type)
+        event.update(request_id=f"req-{self.n}", model="gpt-4o", endpoint="/v1/chat", response="Done.")
+        event.update(fields)
+        return event
+
+    def tool(self, trace: str, tool: str, target: str, minutes: float = 0, **fields: Any) -> dict[str, Any]:
+        event = self._common("TOOL_INVOCATION", trace, minutes, "planner-1", "planner")
+        event.update(tool=tool, target=target, status="ok")
+        event.update(fields)
+        return event
+
+    def claim(self, trace: str, claim_id: str, minutes: float = 0, **fields: Any) -> dict[str, Any]:
+        event = self._common("CLAIM", trace, minutes, "planner-1", "planner")
+        event.update(claim_id=claim_id, statement=f"statement {claim_id}", tier="task",
+                     provenance=[{"source_type": "agent", "confidence": 0.8}])
+        event.update(fields)
+        return event
+
+
+def count_of(kind: str, n: int, topic: str, source_ids: set[str] | None = None) -> Callable[[list[Consumed]], bool]:
+    def done(records: list[Consumed]) -> bool:
+        seen = 0
+        for r in records:
+            if r.topic != topic:
+                continue
+            out = orjson.loads(r.value)
+            if out.get("event_type") == kind and (source_ids is None or out.get("source_event_id") in source_ids):
+                seen += 1
+        return seen >= n
+
+    return done

@@ -1,0 +1,146 @@
+"""Through a real broker: RESPONSE_SCORED values, flagged copies, dead letters, and no logprob leaks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from streams.harness import RunningBroker
+from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy
+
+# Distinctive values: if any of these digits show up in an output, a header or a log line, logprobs leaked.
+LEAK_A = -0.0123456789
+LEAK_B = -0.0987654321
+LEAK_MARKERS = (b"0123456789", b"0987654321", b"token_logprobs\":[")
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka: RunningBroker) -> Iterator[Deployment]:
+    d = deploy(kafka)
+    d.start_worker()
+    yield d
+    d.stop()
+
+
+# Strong composite inputs (KB 1.0, code 1.0, certainty 1.0): the composite never blocks these, so the
+# seed 003 decision alone decides what is flagged.
+STRONG = {
+    "response": "Definitely verified and tested: confirmed and documented.",
+    "retrieval": [{"similarity": 0.95, "source": "a"}, {"similarity": 0.9}, {"similarity": 0.85}],
+    "code_validation": {"code_exists": True, "syntax_valid": True, "type_valid": True, "tests_exist": True,
+                        "tests_pass": True},
+}
+
+
+def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
+    f = EventFactory()
+    good = [
+        f.response("tr-1", token_logprobs=[-0.1, -0.2, -0.3], **STRONG),  # exp(-0.2) = 0.8187 -> 0.819 allow
+        f.response("tr-2", token_logprobs=[-1.5, -1.5], **STRONG),  # 0.223 < 0.40 -> flag
+        f.response("tr-3", token_logprobs=None, **STRONG),  # no logprobs: allow, confidence null
+        f.response(
+            "tr-4", token_logprobs=[LEAK_A, LEAK_B, None, float("nan"), float("inf"), 0.5, 5e-7], **STRONG
+        ),
+    ]
+    bad_event = f.response("tr-bad")
+    bad = [
+        b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.0123456789, -0.0987654321',  # invalid JSON
+        orjson.dumps({**bad_event, "event_type": "MYSTERY"}),
+        orjson.dumps({k: v for k, v in bad_event.items() if k != "trace_id"}),
+        orjson.dumps({**bad_event, "schema_version": 7, "token_logprobs": [LEAK_A]}),
+        orjson.dumps({**bad_event, "retrieval": [{"similarity": 1.5}], "token_logprobs": [LEAK_B]}),
+        orjson.dumps({**bad_event, "response": 42, "token_logprobs": [LEAK_A]}),
+    ]
+    after = f.response("tr-after", token_logprobs=[-0.05], **STRONG)  # exp(-0.05) = 0.951
+    # Bad records interleaved with valid ones on the same partition: the valid ones must all be scored.
+    deployment.produce([good[0], good[1]])
+    deployment.produce(bad[:3], key=b"tr-1")
+    deployment.produce([good[2], good[3]])
+    deployment.produce(bad[3:], key=b"tr-1")
+    deployment.produce([after])
+    ids = {e["event_id"] for e in [*good, after]}
+    s = deployment.settings
+
+    def done(records: list) -> bool:  # type: ignore[type-arg]
+        return count_of("RESPONSE_SCORED", len(ids), s.scored_topic, ids)(records) and (
+            sum(1 for r in records if r.topic == s.dlq_topic) >= len(bad)
+        )
+
+    records = deployment.collect(done)
+    scored = {o["source_event_id"]: o for o in deployment.outputs(records) if o["source_event_id"] in ids}
+    assert set(scored) == ids
+
+    first = scored[good[0]["event_id"]]
+    assert first["confidence"] == 0.819
+    assert first["action"] == "allow" and first["flags"] == []
+    assert first["response"] == STRONG["response"]
+    assert first["composite"]["should_block"] is False
+    assert first["metadata"]["request_id"] == good[0]["request_id"]
+    assert first["metadata"]["model"] == "gpt-4o" and first["metadata"]["tenant_id"] == "t1"
+
+    low = scored[good[1]["event_id"]]
+    assert low["confidence"] == 0.223
+    assert low["action"] == "flag" and low["flags"][0] == "LOW_CONFIDENCE"
+
+    missing = scored[good[2]["event_id"]]
+    assert missing["confidence"] is None and missing["action"] == "allow"
+
+    mixed = scored[good[3]["event_id"]]
+    # Valid entries: LEAK_A, LEAK_B and 5e-7 (counted as 0.0); mean = (-0.0123..-0.0987..+0)/3.
+    import math
+
+    assert mixed["confidence"] == round(math.exp((LEAK_A + LEAK_B + 0.0) / 3), 3)
+
+    assert scored[after["event_id"]]["confidence"] == 0.951
+
+    flagged = [o for o in deployment.outputs(records, s.flagged_topic) if o["source_event_id"] in ids]
+    assert {o["source_event_id"] for o in flagged} >= {good[1]["event_id"]}
+    assert good[0]["event_id"] not in {o["source_event_id"] for o in flagged}
+
+    dead = [r for r in records if r.topic == s.dlq_topic]
+    reasons = sorted(dict(r.headers)["__connect.errors.reason"].decode() for r in dead)
+    assert reasons == sorted(
+        ["invalid_json", "unknown_event_type", "missing_field", "unsupported_schema_version",
+         "out_of_range", "wrong_type"]
+    )
+    for r in dead:
+        headers = dict(r.headers)
+        assert headers["__connect.errors.topic"].decode() == s.input_topic_names[0]
+        assert int(headers["__connect.errors.partition"]) >= 0
+        assert int(headers["__connect.errors.offset"]) >= 0
+        assert headers["__connect.errors.exception.class.name"]
+        assert headers["__connect.errors.exception.message"]
+
+    # No logprob anywhere: outputs, flagged copies, DLQ values and headers, and the worker's log.
+    for r in records:
+        blob = r.value + b"".join(v for _, v in r.headers)
+        for marker in LEAK_MARKERS:
+            assert marker not in blob, (r.topic, marker)
+    log = deployment.log_text().encode()
+    for marker in LEAK_MARKERS[:2]:
+        assert marker not in log
+
+
+def test_reject_mode_returns_error_object(kafka: RunningBroker) -> None:
+    d = deploy(kafka, CONFIDENCE_ON_LOW="reject", CONFIDENCE_MIN_ACCEPTANCE="0.5")
+    d.start_worker()
+    try:
+        f = EventFactory()
+        event = f.response("tr-rej", token_logprobs=[-2.0])  # exp(-2) = 0.135
+        d.produce([event])
+        records = d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {event["event_id"]}))
+    finally:
+        d.stop()
+    out = next(o for o in d.outputs(records) if o["source_event_id"] == event["event_id"])
+    assert out["action"] == "reject"
+    assert out["response"] is None
+    assert out["error"] == {
+        "code": "LOW_CONFIDENCE_REJECTED",
+        "message": "Response rejected due to low confidence.",
+        "details": {"confidence": 0.135, "min_acceptance": 0.5},
+    }
+    assert out["flags"] == [] or "LOW_CONFIDENCE" not in out["flags"]
+    flagged_ids = {o["source_event_id"] for o in d.outputs(records, d.settings.flagged_topic)}
+    assert event["event_id"] in flagged_ids

@@ -1,0 +1,117 @@
+"""Two workers in one group give the same outputs as one; re-delivered inputs change nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streams.harness import RunningBroker
+from streams.kafka_io import Consumed
+from tests.integration.fixtures import Deployment, EventFactory, deploy
+
+
+def _phases(tenant: str) -> list[tuple[list[dict[str, Any]], int]]:
+    """Input phases with the number of distinct outputs each must add.
+
+    Each phase depends only on earlier phases' state, so processing order inside a phase (which differs
+    between one and two workers) cannot change any output.
+    """
+    f = EventFactory(tenant=tenant)
+    f.run = "fixed"  # identical event ids in every deployment
+    base: list[dict[str, Any]] = []
+    for t in range(8):
+        trace = f"tr-{t}"
+        base += [
+            f.tool(trace, "find", f"Sym{t}", minutes=t, result_count=1),
+            f.tool(trace, "read", f"src/Sym{t}.h", minutes=t),
+            f.response(trace, minutes=t, agent=f"agent-{t}", token_logprobs=[-0.1 * (t + 1)], role="sub_call",
+                       sub_call_id=f"sub-{t}", response=f"Result {t}: definitely works."),
+            f.claim(trace, f"c-{t}", minutes=t),
+        ]
+    contradiction = [f.claim("tr-0", "c-x", minutes=20, relationships=[
+        {"type": "contradicts", "target": "c-1", "strength": 0.9},
+        {"type": "supports", "target": "c-2", "strength": 0.5}])]
+    derived = [f.claim("tr-3", "c-d", minutes=21, derived_from=["c-4"])]
+    tail = [
+        f.response("tr-0", minutes=22, agent="agent-0", role="synthesis", response="All good."),
+        f.tool("tr-5", "cmake", "all", minutes=22, build_passed=False),
+    ]
+    return [
+        (base, len(base)),
+        # c-x itself, c-1 penalised, c-2 boosted, c-x again once c-1's reply arrives.
+        (contradiction, 4),
+        # c-d itself, then again when its constituent's reply arrives.
+        (derived, 2),
+        # RESPONSE_SCORED + SYNTHESIS_SCORED, TRACE_SCORED.
+        (tail, 3),
+    ]
+
+
+def _scored(d: Deployment, records: list[Consumed]) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value) for r in records if r.topic == d.settings.scored_topic]
+
+
+def _key(o: dict[str, Any]) -> tuple[str, bytes]:
+    return o["event_id"], orjson.dumps({k: v for k, v in o.items() if k != "scored_at"}, option=orjson.OPT_SORT_KEYS)
+
+
+def _run(d: Deployment, phases: list[tuple[list[dict[str, Any]], int]]) -> list[Consumed]:
+    expected = 0
+    records: list[Consumed] = []
+    for events, adds in phases:
+        d.produce(events)
+        expected += adds
+        records = d.collect(lambda rs, n=expected: len({o["event_id"] for o in _scored(d, rs)}) >= n)
+    return records
+
+
+def _wait_ready(d: Deployment) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if all("Ready" in Path(w.log_path).read_text(errors="replace") for w in d.workers):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("workers did not report Ready")
+
+
+def test_two_workers_match_one_worker(kafka: RunningBroker) -> None:
+    phases = _phases("scale")
+    single = deploy(kafka, partitions=4)
+    single.start_worker()
+    try:
+        _wait_ready(single)
+        one = {_key(o) for o in _scored(single, _run(single, phases))}
+    finally:
+        single.stop()
+    double = deploy(kafka, partitions=4)
+    double.start_worker()
+    double.start_worker()
+    try:
+        _wait_ready(double)
+        two = {_key(o) for o in _scored(double, _run(double, phases))}
+    finally:
+        double.stop()
+    assert len(one) == sum(adds for _, adds in phases)
+    assert one == two
+
+
+def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=2)
+    d.start_worker()
+    try:
+        phases = _phases("redeliver")
+        first = _scored(d, _run(d, phases))
+        first_keys = {_key(o) for o in first}
+        # The same inputs again: each re-emits its remembered outputs (a CLAIM only its own score).
+        again = [e for events, _ in phases for e in events]
+        redelivered_outputs = sum(2 if e.get("role") == "synthesis" else 1 for e in again)
+        d.produce(again)
+        records = d.collect(lambda rs: len(_scored(d, rs)) >= len(first) + redelivered_outputs)
+        outputs = _scored(d, records)
+        assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
+        assert {_key(o) for o in outputs} == first_keys
+    finally:
+        d.stop()

@@ -1,0 +1,190 @@
+"""Through a real broker: evidence per trace, claims across traces and partitions, agent history, views."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from streams.harness import RunningBroker
+from streams.scoring.composite import I_DONT_KNOW_ANSWER
+from tests.integration.fixtures import T0, Deployment, EventFactory, count_of, deploy
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka: RunningBroker) -> Iterator[Deployment]:
+    d = deploy(kafka, partitions=4)
+    d.start_worker()
+    yield d
+    d.stop()
+
+
+def _latest(outputs: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any]:
+    found = [o for o in outputs if o["event_type"] == kind and all(o.get(k) == v for k, v in match.items())]
+    assert found, (kind, match)
+    return found[-1]
+
+
+def _get(deployment: Deployment, path: str) -> tuple[int, Any]:
+    url = f"http://127.0.0.1:{deployment.web_ports[0]}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as err:
+        body, status = err.read(), err.code
+    ctype_json = body[:1] in (b"{", b"[")
+    return status, json.loads(body) if ctype_json else body.decode()
+
+
+def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
+    f = EventFactory()
+    cases = {
+        "ev-different": [f.tool("ev-different", "find", "MemoryManager", result_count=2),
+                         f.tool("ev-different", "read", "src/Allocator.cpp")],
+        "ev-same": [f.tool("ev-same", "find", "MemoryManager", result_count=2),
+                    f.tool("ev-same", "read", "src/MemoryManager.h")],
+        "ev-strong": [f.tool("ev-strong", "find", "MemoryManager", result_count=2),
+                      f.tool("ev-strong", "grep", "MemoryManager", result_count=9),
+                      f.tool("ev-strong", "read", "src/MemoryManager.h"),
+                      f.tool("ev-strong", "read", "src/MemoryManager.cpp")],
+    }
+    events = [e for trace in cases.values() for e in trace]
+    deployment.produce(events)
+    ids = {e["event_id"] for e in events}
+    records = deployment.collect(count_of("TRACE_SCORED", len(ids), deployment.settings.scored_topic, ids))
+    outputs = [o for o in deployment.outputs(records) if o.get("source_event_id") in ids]
+    last = {trace: _latest(outputs, "TRACE_SCORED", source_event_id=evs[-1]["event_id"]) for trace, evs in cases.items()}
+    assert round(last["ev-different"]["evidence"]["score"], 3) == 0.732
+    assert last["ev-different"]["evidence"]["band"] == "adequate"
+    assert last["ev-different"]["evidence"]["convergence"]["bonus"] == 0.0
+    assert round(last["ev-same"]["evidence"]["score"], 3) == 0.772
+    assert round(last["ev-strong"]["evidence"]["score"], 3) == 0.830
+    assert last["ev-strong"]["evidence"]["band"] == "strong"
+    assert last["ev-strong"]["evidence"]["convergence"]["categories"] == ["read", "search"]
+    first = _latest(outputs, "TRACE_SCORED", source_event_id=cases["ev-same"][0]["event_id"])
+    assert round(first["evidence"]["score"], 3) == 0.650 and first["evidence"]["band"] == "adequate"
+
+    status, view = _get(deployment, "/traces/t1/ev-strong")
+    assert status == 200
+    assert round(view["evidence"]["score"], 3) == 0.830
+    assert view["trace_id"] == "ev-strong"
+    assert _get(deployment, "/traces/t1/no-such-trace")[0] == 404
+
+
+def test_claims_across_traces_contradiction_staleness_and_derived(deployment: Deployment) -> None:
+    f = EventFactory(tenant="claims-tenant")
+    s = deployment.settings
+    one = f.claim("cl-trace-a", "one-source")
+    three = f.claim("cl-trace-b", "three-types", provenance=[
+        {"source_type": t, "confidence": 0.7} for t in ("extraction", "agent", "user")])
+    stale = f.claim("cl-trace-c", "stale", minutes=240, tier="ephemeral", staleness_at=T0.isoformat())
+    deployment.produce([one, three, stale])
+    first_ids = {one["event_id"], three["event_id"], stale["event_id"]}
+    deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, first_ids))
+
+    # A contradiction from another trace (and, with 4 partitions, most likely another partition).
+    against = f.claim("cl-trace-d", "against", minutes=1,
+                      relationships=[{"type": "contradicts", "target": "one-source", "strength": 1.0}])
+    deployment.produce([against])
+    # against itself, one-source penalised, against again once one-source's snapshot comes back.
+    records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {against["event_id"]}))
+    # Then a claim derived from two others.
+    derived = f.claim("cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"],
+                      assessed_upper=0.9)
+    deployment.produce([derived])
+    # derived itself, then once per constituent's reply.
+    records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {derived["event_id"]}))
+    outputs = [o for o in deployment.outputs(records) if o["event_type"] == "CLAIM_SCORED"
+               and o["tenant_id"] == "claims-tenant"]
+
+    def interval(claim_id: str, source: str) -> dict[str, Any]:
+        return _latest(outputs, "CLAIM_SCORED", claim_id=claim_id, source_event_id=source)["interval"]
+
+    base = interval("one-source", one["event_id"])
+    assert (round(base["lower"], 4), round(base["upper"], 4)) == (0.5333, 0.8)
+    assert round(base["factors"]["diversity"], 4) == 0.6667
+    full = interval("three-types", three["event_id"])
+    assert (round(full["lower"], 4), round(full["upper"], 4)) == (0.7, 0.973)
+    decayed = interval("stale", stale["event_id"])  # one half-life (4 h) past staleness_at
+    assert round(decayed["factors"]["staleness"], 6) == 0.5
+    assert (round(decayed["lower"], 4), round(decayed["upper"], 4)) == (0.2667, 0.4)
+
+    # The earlier claim is re-emitted, lowered, because of the later one; it keeps its own trace.
+    rescored = _latest(outputs, "CLAIM_SCORED", claim_id="one-source", source_event_id=against["event_id"])
+    assert rescored["trace_id"] == "cl-trace-a" and rescored["cause"] == "against"
+    assert (round(rescored["interval"]["lower"], 4), round(rescored["interval"]["upper"], 4)) == (0.448, 0.672)
+    assert rescored["as_of"].startswith("2026-11-22T12:01")
+    own = interval("against", against["event_id"])
+    assert (round(own["lower"], 4), round(own["upper"], 4)) == (0.448, 0.672)
+    flagged = [o for o in deployment.outputs(records, s.flagged_topic) if o.get("claim_id") == "one-source"]
+    assert any(o["source_event_id"] == against["event_id"] for o in flagged)
+
+    d = interval("derived", derived["event_id"])
+    assert d["factors"]["derived"] is True
+    assert (round(d["lower"], 4), round(d["upper"], 4)) == (0.448, 0.9)
+
+    status, view = _get(deployment, "/claims/claims-tenant/three-types?min_lower=0.6")
+    assert status == 200 and view["matches"] is True
+    assert round(view["interval"]["lower"], 4) == 0.7
+    status, view = _get(deployment, "/claims/claims-tenant/one-source?min_upper=0.6&max_lower=0.5")
+    assert status == 200 and view["matches"] is True  # upper high but lower low: potentially important
+    status, view = _get(deployment, "/claims/claims-tenant/one-source?min_lower=0.7")
+    assert view["matches"] is False
+
+
+def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment) -> None:
+    f = EventFactory(tenant="history-tenant")
+    s = deployment.settings
+    strong = {
+        "response": "Definitely verified and tested: confirmed and documented.",
+        "retrieval": [{"similarity": 0.95}, {"similarity": 0.9}, {"similarity": 0.85}],
+        "code_validation": {"code_exists": True, "syntax_valid": True, "type_valid": True,
+                            "tests_exist": True, "tests_pass": True},
+    }
+    weak = {"response": "Maybe it works, I think."}  # certainty 0.5 - 2*0.15 = 0.2; no KB or code factor
+    events = [
+        f.response(f"hist-{i}", minutes=i, agent="patcher-x", agent_type="Patcher", **(strong if i < 2 else weak))
+        for i in range(4)
+    ]
+    for event in events:  # one at a time: history must see each previous response
+        deployment.produce([event])
+        deployment.collect(count_of("RESPONSE_SCORED", 1, s.scored_topic, {event["event_id"]}))
+    records = deployment.collect(count_of("RESPONSE_SCORED", 4, s.scored_topic, {e["event_id"] for e in events}))
+    by_id = {o["source_event_id"]: o for o in deployment.outputs(records) if o["event_type"] == "RESPONSE_SCORED"}
+    out = [by_id[e["event_id"]] for e in events]
+    history = [o["composite"]["factors"]["agent_history"] for o in out]
+    assert history == [0.5, 1.0, 1.0, pytest.approx(2 / 3)]
+    assert out[0]["composite"]["threshold"] == 0.8  # patcher, matched case-insensitively
+    assert round(out[0]["composite"]["score"], 6) == 0.9 and not out[0]["composite"]["should_block"]
+    assert round(out[1]["composite"]["score"], 6) == 1.0
+    # Weak: only certainty and history apply -> renormalised (0.2*0.2 + 1.0*0.2) / 0.4 = 0.6
+    assert out[2]["composite"]["missing_factors"] == ["knowledge_base", "code_validation"]
+    assert round(out[2]["composite"]["score"], 6) == 0.6
+    assert out[2]["composite"]["should_block"] is True
+    assert out[2]["response"] == I_DONT_KNOW_ANSWER
+    assert out[2]["composite"]["level"] == "LOW"
+    flagged_ids = {o["source_event_id"] for o in deployment.outputs(records, s.flagged_topic)}
+    assert events[2]["event_id"] in flagged_ids and events[0]["event_id"] not in flagged_ids
+
+    status, stats = _get(deployment, "/agents/history-tenant/patcher-x?hours=168")
+    assert status == 200
+    assert stats["total_executions"] == 4
+    assert stats["success_rate"] == 0.5
+    assert stats["blocked_count"] == 2
+    assert stats["threshold"] == 0.8
+    assert round(stats["average_confidence"], 6) == round(sum(o["composite"]["score"] for o in out) / 4, 6)
+
+
+def test_metrics_and_health(deployment: Deployment) -> None:
+    status, body = _get(deployment, "/healthz")
+    assert status == 200 and body["status"] == "ok"
+    status, text = _get(deployment, "/metrics")
+    assert status == 200
+    for name in ("llm_confidence_histogram_bucket", "llm_confidence_missing_total", "llm_confidence_average",
+                 "llm_confidence_rejected", "confidence_events_processed_total",
+                 "confidence_processing_latency_seconds_bucket", "rlm_synthesis_confidence"):
+        assert name in text, name

@@ -1,0 +1,120 @@
+"""Decoder and dead-letter unit tests: every bad-input kind of DESIGN section 6, and no logprob leaks."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from streams.decode import decode
+from streams.dlq import DeadLetter, connect_headers, strip_logprobs
+from streams.events import ClaimEvent, LlmResponse, ToolInvocation
+
+BASE = {
+    "event_id": "e1",
+    "event_type": "LLM_RESPONSE",
+    "timestamp": "2026-11-22T10:00:00Z",
+    "tenant_id": "t",
+    "trace_id": "tr",
+    "agent_name": "a",
+    "agent_type": "planner",
+    "schema_version": 1,
+    "request_id": "r",
+    "model": "m",
+    "endpoint": "/e",
+    "response": "ok",
+}
+
+
+def _decode(raw: bytes, max_bytes: int = 10_000, max_items: int = 100) -> object:
+    return decode(raw, max_bytes, max_items)
+
+
+def test_valid_events_of_each_type() -> None:
+    assert isinstance(_decode(orjson.dumps(BASE)), LlmResponse)
+    tool = {**BASE, "event_type": "TOOL_INVOCATION", "tool": "find", "target": "x", "status": "ok"}
+    assert isinstance(_decode(orjson.dumps(tool)), ToolInvocation)
+    claim = {**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "task"}
+    assert isinstance(_decode(orjson.dumps(claim)), ClaimEvent)
+
+
+def test_non_finite_literals_accepted_only_inside_token_logprobs() -> None:
+    raw = orjson.dumps(BASE)[:-1] + b',"token_logprobs":[NaN,-Infinity,Infinity,null,-0.5]}'
+    event = _decode(raw)
+    assert isinstance(event, LlmResponse)
+    assert event.token_logprobs is not None and len(event.token_logprobs) == 5
+    bad = orjson.dumps(BASE)[:-1] + b',"retrieval":[{"similarity":NaN}]}'
+    letter = _decode(bad)
+    assert isinstance(letter, DeadLetter) and letter.reason == "non_finite_number"
+
+
+def test_unknown_extra_fields_are_dropped() -> None:
+    event = _decode(orjson.dumps({**BASE, "secret_extra": "x"}))
+    assert isinstance(event, LlmResponse)
+    assert "secret_extra" not in event.model_dump()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "invalid_json"),
+        (b"[1, 2]", "wrong_type"),
+        (orjson.dumps({**BASE, "event_type": "NOPE"}), "unknown_event_type"),
+        (orjson.dumps({k: v for k, v in BASE.items() if k != "event_type"}), "missing_field"),
+        (orjson.dumps({k: v for k, v in BASE.items() if k != "tenant_id"}), "missing_field"),
+        (orjson.dumps({**BASE, "schema_version": 2}), "unsupported_schema_version"),
+        (orjson.dumps({**BASE, "response": 5}), "wrong_type"),
+        (orjson.dumps({**BASE, "timestamp": "2026-11-22T10:00:00"}), "invalid_value"),
+        (orjson.dumps({**BASE, "retrieval": [{"similarity": 1.2}]}), "out_of_range"),
+        (orjson.dumps({**BASE, "retrieval": [{"source": "no similarity"}]}), "missing_field"),
+        (orjson.dumps({**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "forever"}),
+         "invalid_value"),
+        (orjson.dumps({**BASE, "token_logprobs": [-0.1] * 101}), "oversized_array"),
+        (orjson.dumps({**BASE, "response": "x" * 20_000}), "oversized_event"),
+    ],
+)
+def test_bad_input_reasons(raw: bytes, reason: str) -> None:
+    letter = _decode(raw)
+    assert isinstance(letter, DeadLetter)
+    assert letter.reason == reason
+    assert letter.message
+
+
+def test_error_message_never_contains_input_values() -> None:
+    raw = orjson.dumps({**BASE, "token_logprobs": "-0.0123456789 as a string"})
+    letter = _decode(raw)
+    assert isinstance(letter, DeadLetter)
+    assert "0123456789" not in letter.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        orjson.dumps({**BASE, "token_logprobs": [-0.0123456789], "nested": {"token_logprobs": [-0.0123456789]}}),
+        b'{"token_logprobs": [-0.0123456789, NaN], "x": 1}',
+        b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.0123456789, -0.2',
+        b'{"token_logprobs": [-0.0123456789]',
+    ],
+)
+def test_strip_logprobs_removes_every_value(raw: bytes) -> None:
+    stored = strip_logprobs(raw, 10_000)
+    assert b"0123456789" not in stored
+
+
+def test_strip_keeps_other_fields_and_caps_size() -> None:
+    stored = orjson.loads(strip_logprobs(orjson.dumps({**BASE, "token_logprobs": [-0.5]}), 10_000))
+    assert stored["token_logprobs"] == "<removed>"
+    assert stored["request_id"] == "r"
+    assert len(strip_logprobs(b"x" * 500, 100)) == 100
+
+
+def test_connect_headers() -> None:
+    letter = DeadLetter(b"raw", "invalid_json", "ValidationError", "bad")
+    headers = dict(connect_headers(letter, "agent-events", 3, 42))
+    assert headers == {
+        "__connect.errors.topic": b"agent-events",
+        "__connect.errors.partition": b"3",
+        "__connect.errors.offset": b"42",
+        "__connect.errors.exception.class.name": b"ValidationError",
+        "__connect.errors.exception.message": b"bad",
+        "__connect.errors.reason": b"invalid_json",
+    }

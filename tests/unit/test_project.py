@@ -1,0 +1,86 @@
+"""Project-level checks: settings validation, schema drift, scoring purity, docker-compose vs the CLI."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from streams import schemas
+from streams.cli import main
+from streams.config import Settings, load_settings
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONFIDENCE_AGGREGATION", "percentile_90")
+    monkeypatch.setenv("CONFIDENCE_ON_LOW", "reject")
+    monkeypatch.setenv("CONFIDENCE_MIN_ACCEPTANCE", "0.55")
+    settings = Settings()
+    assert settings.confidence_enabled is True  # enabled by default in this service
+    assert settings.confidence_aggregation == "percentile_90"
+    assert settings.confidence_on_low == "reject"
+    assert settings.confidence_min_acceptance == 0.55
+    assert settings.confidence_precision_decimals == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CONFIDENCE_AGGREGATION", "median"),
+        ("CONFIDENCE_ON_LOW", "explode"),
+        ("CONFIDENCE_MIN_ACCEPTANCE", "1.5"),
+        ("TOPIC_PARTITIONS", "0"),
+        ("INPUT_TOPICS", " , "),
+    ],
+)
+def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError) as err:
+        load_settings()
+    assert name.lower() in str(err.value).lower()
+
+
+def test_schemas_are_current() -> None:
+    for name, content in schemas.render().items():
+        path = ROOT / "schemas" / name
+        assert path.exists(), f"{name} missing: run `make schemas`"
+        assert path.read_text() == content, f"{name} is stale: run `make schemas`"
+
+
+def test_scoring_imports_no_kafka_faust_or_network() -> None:
+    allowed_roots = {"__future__", "math", "typing", "dataclasses", "datetime", "collections", "functools",
+                     "itertools", "re", "pydantic", "streams", "enum", "bisect", "heapq", "statistics",
+                     "operator", "abc", "types", "string"}
+    for path in (ROOT / "streams" / "scoring").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+                if node.module.startswith("streams") and not node.module.startswith("streams.scoring"):
+                    raise AssertionError(f"{path.name} imports {node.module}")
+            for name in names:
+                assert name.split(".")[0] in allowed_roots, f"{path.name} imports {name}"
+
+
+def test_docker_compose_runs_only_existing_cli_commands() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["kafka"]["image"].startswith("apache/kafka")
+    commands = [s["command"] for s in services.values() if isinstance(s.get("command"), list)]
+    cli_commands = [c for c in commands if c and c[0] == "confidence-streams"]
+    assert len(cli_commands) >= 2
+    for command in cli_commands:
+        # `--help` after the command proves argparse knows it, without running it.
+        with pytest.raises(SystemExit) as exit_:
+            main([*command[1:], "--help"]) if command[1] != "worker" else main(["--help"])
+        assert exit_.value.code == 0
+    assert any(c[1] == "worker" for c in cli_commands)
+    assert any(c[1:3] == ["topics", "create"] for c in cli_commands)
