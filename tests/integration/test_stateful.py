@@ -180,6 +180,12 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
 
 
 def test_metrics_and_health(deployment: Deployment) -> None:
+    f = EventFactory(tenant="metrics-tenant")
+    events = [f.response("m-1", token_logprobs=[-0.1]), f.response("m-1", role="synthesis", response="x")]
+    deployment.produce(events)
+    ids = {e["event_id"] for e in events}
+    deployment.collect(count_of("RESPONSE_SCORED", 2, deployment.settings.scored_topic, ids))
+    deployment.collect(count_of("SYNTHESIS_SCORED", 1, deployment.settings.scored_topic, ids))
     status, body = _get(deployment, "/healthz")
     assert status == 200 and body["status"] == "ok"
     status, text = _get(deployment, "/metrics")
@@ -188,3 +194,5 @@ def test_metrics_and_health(deployment: Deployment) -> None:
                  "llm_confidence_rejected", "confidence_events_processed_total",
                  "confidence_processing_latency_seconds_bucket", "rlm_synthesis_confidence"):
         assert name in text, name
+    assert 'confidence_events_processed_total{event_type="LLM_RESPONSE"}' in text
+    assert 'llm_confidence_histogram_count{endpoint="/v1/chat",model="gpt-4o",tenant="metrics-tenant"} 1.0' in text
