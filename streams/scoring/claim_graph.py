@@ -16,7 +16,7 @@ claim's arrival completes. An update that changes nothing emits and sends nothin
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -224,7 +224,10 @@ def _changed(a: ClaimInterval | None, b: ClaimInterval) -> bool:
     return a is None or round(a.lower, 12) != round(b.lower, 12) or round(a.upper, 12) != round(b.upper, 12)
 
 
-def _bounded(items: dict[str, object], limit: int) -> dict[str, object]:
+V = TypeVar("V")
+
+
+def _bounded(items: dict[str, V], limit: int) -> dict[str, V]:
     if len(items) <= limit:
         return items
     return dict(list(items.items())[-limit:])
@@ -253,7 +256,7 @@ def _score(
     )
     emissions = {k: v for k, v in state.emissions.items() if k != slot}
     emissions[slot] = sequence + 1
-    return score, _bounded(emissions, cfg.max_remembered_events)  # type: ignore[return-value]
+    return score, _bounded(emissions, cfg.max_remembered_events)
 
 
 def _update_for(

@@ -35,34 +35,34 @@ CATEGORY_ORDER = ("read", "search", "verification", "discovery", "git", "ci")
 DISCOVERY_SCORES = (0.20, 0.20, 0.50, 0.70, 0.85)
 
 
-def _mapping(values: Mapping[str, object]) -> Mapping[str, object]:
-    return MappingProxyType(dict(values))
+def _categories_default() -> Mapping[str, str]:
+    return MappingProxyType(
+        {
+            "find": "search",
+            "grep": "search",
+            "references": "search",
+            "read": "read",
+            "discovery": "discovery",
+            "cmake": "verification",
+            "ctest": "verification",
+            "git": "git",
+            "gh": "ci",
+        }
+    )
+
+
+def _weights_default() -> Mapping[str, float]:
+    return MappingProxyType(
+        {"read": 3.0, "search": 2.5, "verification": 1.5, "discovery": 1.0, "git": 1.0, "ci": 1.0}
+    )
 
 
 @dataclass(frozen=True)
 class EvidenceConfig:
     """Tool -> category mapping, raw category weights and the recovery / stop gates."""
 
-    tool_categories: Mapping[str, str] = field(
-        default_factory=lambda: _mapping(
-            {
-                "find": "search",
-                "grep": "search",
-                "references": "search",
-                "read": "read",
-                "discovery": "discovery",
-                "cmake": "verification",
-                "ctest": "verification",
-                "git": "git",
-                "gh": "ci",
-            }
-        )  # type: ignore[arg-type]
-    )
-    weights: Mapping[str, float] = field(
-        default_factory=lambda: _mapping(
-            {"read": 3.0, "search": 2.5, "verification": 1.5, "discovery": 1.0, "git": 1.0, "ci": 1.0}
-        )  # type: ignore[arg-type]
-    )
+    tool_categories: Mapping[str, str] = field(default_factory=_categories_default)
+    weights: Mapping[str, float] = field(default_factory=_weights_default)
     recovery_threshold: float = 0.50
     stop_threshold: float = 0.20
     max_event_ids: int = 10_000
