@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,19 @@ def test_two_workers_match_one_worker(kafka: RunningBroker) -> None:
     assert one == two
 
 
+def _views(d: Deployment) -> dict[str, Any]:
+    """Table state as the query views show it (the claim's wall-clock `as_of` left out)."""
+    port = d.web_ports[0]
+    views = {}
+    for path in ("/traces/redeliver/tr-0", "/traces/redeliver/tr-5", "/agents/redeliver/agent-0",
+                 "/claims/redeliver/c-1", "/claims/redeliver/c-d"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            body = json.loads(response.read())
+        body.pop("as_of", None)
+        views[path] = body
+    return views
+
+
 def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     d.start_worker()
@@ -105,6 +120,7 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         phases = _phases("redeliver")
         first = _scored(d, _run(d, phases))
         first_keys = {_key(o) for o in first}
+        state_before = _views(d)
         # The same inputs again: each re-emits its remembered outputs (a CLAIM only its own score).
         again = [e for events, _ in phases for e in events]
         redelivered_outputs = sum(2 if e.get("role") == "synthesis" else 1 for e in again)
@@ -113,5 +129,6 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         outputs = _scored(d, records)
         assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
         assert {_key(o) for o in outputs} == first_keys
+        assert _views(d) == state_before
     finally:
         d.stop()

@@ -1,0 +1,48 @@
+"""Bounded state: a trace idle past TRACE_TTL_HOURS of event time is swept from the table."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from streams.harness import RunningBroker
+from tests.integration.fixtures import EventFactory, count_of, deploy
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            json.loads(response.read())
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=1, TRACE_TTL_HOURS="1", SWEEP_INTERVAL_SECONDS="0.5")
+    d.start_worker()
+    try:
+        f = EventFactory(tenant="ttl")
+        old = f.tool("old-trace", "find", "x", minutes=0)
+        d.produce([old])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {old["event_id"]}))
+        port = d.web_ports[0]
+        assert _status(port, "/traces/ttl/old-trace") == 200
+        # Thirty minutes later in event time: still within the TTL.
+        recent = f.tool("busy-trace", "find", "x", minutes=30)
+        d.produce([recent])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {recent["event_id"]}))
+        assert _status(port, "/traces/ttl/old-trace") == 200
+        # Two hours later in event time: the old trace is idle past the 1 h TTL and gets swept.
+        later = f.tool("busy-trace", "read", "x.py", minutes=120)
+        d.produce([later])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {later["event_id"]}))
+        deadline = time.monotonic() + 30
+        while _status(port, "/traces/ttl/old-trace") != 404:
+            assert time.monotonic() < deadline, "idle trace was never swept"
+            time.sleep(0.2)
+        assert _status(port, "/traces/ttl/busy-trace") == 200
+    finally:
+        d.stop()
