@@ -15,8 +15,8 @@ import faust
 from pydantic import BaseModel
 
 from streams.app import Service
-from streams.pipeline import InputRecord, Record
 from streams.scoring.claim_graph import ClaimState
+from streams.stages import InputRecord, Record
 from streams.state import AgentHistory, TraceState
 
 __all__ = ["attach_agents"]

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics as metrics_module
 from streams.config import ScoringConfigs, Settings, scoring_configs
-from streams.pipeline import AgentStage, ClaimStage, TraceStage
+from streams.stages import AgentStage, ClaimStage, TraceStage
 
 __all__ = ["Service", "SourcePartitionedTable", "create_app"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -129,8 +128,3 @@ class WorkerProcess:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-
-
-def run(coro: object) -> object:
-    """asyncio.run for synchronous callers."""
-    return asyncio.run(coro)  # type: ignore[arg-type]

@@ -1,0 +1,15 @@
+"""The three processing stages as plain classes over table state (no Faust, no Kafka).
+
+Stage 1 (`TraceStage`, input topics keyed by trace): decode, dead-letter, evidence, synthesis, and
+forwarding of responses (to the agent-history stage) and claims (to the claim stage), without logprobs.
+Stage 2 (`AgentStage`, keyed by tenant + agent): composite with agent history -> RESPONSE_SCORED.
+Stage 3 (`ClaimStage`, keyed by tenant + claim id): the claim graph -> CLAIM_SCORED.
+Each stage returns `Record`s for the agent to send; the agent owns tables and the producer.
+"""
+
+from streams.stages.claims import ClaimStage
+from streams.stages.common import InputRecord, Record
+from streams.stages.history import AgentStage
+from streams.stages.trace import TraceStage
+
+__all__ = ["AgentStage", "ClaimStage", "InputRecord", "Record", "TraceStage"]

@@ -1,0 +1,87 @@
+"""What the stages share: consumed and produced records, output collection, the flagged rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import orjson
+
+from streams.config import Settings
+from streams.metrics import Metrics
+
+__all__ = ["InputRecord", "Outputs", "Record", "is_flagged", "now", "with_scored_at", "without_scored_at"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """The parts of a consumed Kafka record the stages need."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float  # producer timestamp, epoch seconds
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record to produce."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]] | None = None
+
+
+def now() -> datetime:
+    """Processing time (`scored_at`, latency); never used for scoring."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class Outputs:
+    """Collects the records of one stage's batch and counts what it emits."""
+
+    settings: Settings
+    metrics: Metrics
+    records: list[Record] = field(default_factory=list)
+
+    def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
+        value = orjson.dumps(output)
+        self.records.append(Record(self.settings.scored_topic, key, value))
+        if flagged:
+            self.records.append(Record(self.settings.flagged_topic, key, value))
+        event_type = str(output["event_type"])
+        self.metrics.outputs_emitted.labels(event_type).inc()
+        self.metrics.processing_latency.labels(event_type).observe(max(0.0, now().timestamp() - received_at))
+
+
+def with_scored_at(output: dict[str, object]) -> dict[str, object]:
+    return {**output, "scored_at": now().isoformat()}
+
+
+def without_scored_at(output: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in output.items() if k != "scored_at"}
+
+
+def is_flagged(output: dict[str, object]) -> bool:
+    """DESIGN section 3's rule for copying an output to flagged-events."""
+    kind = output["event_type"]
+    if kind == "RESPONSE_SCORED":
+        comp = output["composite"]
+        assert isinstance(comp, dict)
+        return output["action"] in ("flag", "reject") or bool(comp["should_block"])
+    if kind == "TRACE_SCORED":
+        ev = output["evidence"]
+        assert isinstance(ev, dict)
+        return ev["band"] in ("weak", "failed")
+    if kind == "SYNTHESIS_SCORED":
+        return bool(output["warnings"]) or bool(output["conflicts"])
+    if kind == "CLAIM_SCORED":
+        interval = output["interval"]
+        assert isinstance(interval, dict)
+        factors = interval["factors"]
+        assert isinstance(factors, dict)
+        return float(factors["contradiction_penalty"]) < 1.0
+    return False

@@ -1,0 +1,168 @@
+"""Stage 2, keyed by (tenant, agent): the composite with the agent's rolling history -> RESPONSE_SCORED."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from streams.config import ScoringConfigs, Settings
+from streams.events import (
+    RejectionError,
+    ResponseMetadata,
+    ResponseScored,
+)
+from streams.ids import output_event_id
+from streams.metrics import Metrics
+from streams.scoring import composite, response
+from streams.stages.common import Outputs, Record, is_flagged, now
+from streams.state import (
+    AgentHistory,
+    HistoryEntry,
+    PendingResponse,
+    table_key,
+)
+
+__all__ = ["AgentStage"]
+
+
+class AgentStage:
+    """Stage 2: composite with the agent's rolling history, keyed by (tenant, agent_name)."""
+
+    def __init__(self, settings: Settings, configs: ScoringConfigs, metrics: Metrics) -> None:
+        self.settings = settings
+        self.configs = configs
+        self.metrics = metrics
+
+    def process(
+        self, values: list[bytes], load: Callable[[bytes], AgentHistory | None]
+    ) -> tuple[list[Record], dict[bytes, AgentHistory]]:
+        out = Outputs(self.settings, self.metrics)
+        dirty: dict[bytes, AgentHistory] = {}
+        for value in values:
+            pending = PendingResponse.model_validate_json(value)
+            event = pending.event
+            key = table_key(event.tenant_id, event.agent_name)
+            history = dirty.get(key) or load(key)
+            if history is None:
+                history = AgentHistory(
+                    tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
+                )
+            dirty[key] = self._apply(history, pending, out)
+        return out.records, dirty
+
+    def _apply(self, history: AgentHistory, pending: PendingResponse, out: Outputs) -> AgentHistory:
+        event = pending.event
+        known = next((e for e in history.entries if e.event_id == event.event_id), None)
+        if known is not None:
+            history_factor = known.history_score
+        else:
+            history_factor = composite.history_score(
+                [(e.event_time, e.threshold_met) for e in history.entries],
+                event.timestamp,
+                timedelta(hours=self.settings.history_window_hours),
+            )
+        output = self._scored(pending, history_factor)
+        out.emit(output, event.trace_id.encode(), is_flagged(output), pending.received_at)
+        if known is not None:
+            return history
+        comp = output["composite"]
+        assert isinstance(comp, dict)
+        entry = HistoryEntry(
+            event_id=event.event_id,
+            event_time=event.timestamp,
+            threshold_met=bool(comp["threshold_met"]),
+            composite=float(comp["score"]),
+            blocked=bool(comp["should_block"]),
+            history_score=history_factor,
+        )
+        newest = max([event.timestamp, *(e.event_time for e in history.entries)])
+        horizon = newest - timedelta(hours=self.settings.history_retention_hours)
+        entries = tuple(e for e in (*history.entries, entry) if e.event_time >= horizon)
+        self._observe(pending, output, entries)
+        return history.model_copy(update={"entries": entries, "agent_type": event.agent_type})
+
+    def _scored(self, pending: PendingResponse, history_factor: float) -> dict[str, object]:
+        event = pending.event
+        cfg = self.configs.response
+        decision = response.evaluate_confidence(pending.confidence, cfg)
+        result = composite.score_composite(
+            agent_type=event.agent_type,
+            retrieval_similarities=None
+            if event.retrieval is None
+            else [hit.similarity for hit in event.retrieval],
+            code_validation=None
+            if event.code_validation is None
+            else composite.CodeValidation(**event.code_validation.model_dump()),
+            response_text=event.response,
+            history=history_factor,
+            cfg=self.configs.composite,
+        )
+        flags = list(decision.flags)
+        error: RejectionError | None = None
+        text: str | None = event.response
+        if decision.action == "reject":
+            # Reject (seed 003) wins over the composite's block (DESIGN 4b).
+            text = None
+            error = RejectionError(
+                details={"confidence": decision.confidence, "min_acceptance": cfg.min_acceptance}
+            )
+        elif result.should_block:
+            text = composite.I_DONT_KNOW_ANSWER
+        if result.should_block:
+            flags.append("COMPOSITE_BLOCKED")
+        return ResponseScored(
+            event_id=output_event_id("RESPONSE_SCORED", event.event_id),
+            source_event_id=event.event_id,
+            trace_id=event.trace_id,
+            tenant_id=event.tenant_id,
+            scored_at=now(),
+            confidence=decision.confidence,
+            heuristic=pending.heuristic,
+            composite=result,
+            action=decision.action,
+            flags=flags,
+            response=text,
+            error=error,
+            metadata=ResponseMetadata(
+                request_id=event.request_id,
+                tenant_id=event.tenant_id,
+                model=event.model,
+                endpoint=event.endpoint,
+                agent_name=event.agent_name,
+                agent_type=event.agent_type,
+                role=event.role,
+            ),
+        ).model_dump(mode="json")
+
+    def _observe(
+        self, pending: PendingResponse, output: dict[str, object], entries: tuple[HistoryEntry, ...]
+    ) -> None:
+        m = self.metrics
+        event = pending.event
+        labels = (
+            m.labels("tenant", event.tenant_id),
+            m.labels("model", event.model),
+            m.labels("endpoint", event.endpoint),
+        )
+        if pending.confidence is None:
+            if self.configs.response.enabled:
+                m.confidence_missing.labels(*labels).inc()
+        else:
+            m.confidence_histogram.labels(*labels).observe(pending.confidence)
+            gauge = m.confidence_average.labels(*labels)
+            previous = gauge._value.get()
+            gauge.set(
+                pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous)
+            )
+        if output["action"] == "reject":
+            m.confidence_rejected.labels(*labels).inc()
+        comp = output["composite"]
+        assert isinstance(comp, dict)
+        if comp["should_block"]:
+            m.composite_blocked.labels(m.labels("agent_type", event.agent_type.lower())).inc()
+        window_start = event.timestamp - timedelta(hours=self.settings.history_window_hours)
+        recent = [e for e in entries if e.event_time >= window_start]
+        if recent:
+            m.agent_success_rate.labels(
+                m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
+            ).set(sum(e.threshold_met for e in recent) / len(recent))

@@ -1,0 +1,297 @@
+"""Stage 1, keyed by trace: decode, dead-letter, evidence, synthesis; forward responses and claims."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from streams.config import ScoringConfigs, Settings
+from streams.decode import decode
+from streams.dlq import DeadLetter, connect_headers, strip_logprobs
+from streams.events import (
+    ClaimEvent,
+    LlmResponse,
+    SynthesisScored,
+    ToolInvocation,
+    TraceScored,
+)
+from streams.ids import output_event_id
+from streams.metrics import Metrics
+from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
+from streams.stages.common import (
+    InputRecord,
+    Outputs,
+    Record,
+    is_flagged,
+    now,
+    with_scored_at,
+    without_scored_at,
+)
+from streams.state import (
+    ClaimMessage,
+    PendingResponse,
+    SubCallRecord,
+    TraceState,
+    table_key,
+)
+
+__all__ = ["TraceStage", "claim_definition"]
+
+
+class TraceStage:
+    """Stage 1: everything keyed by trace."""
+
+    def __init__(self, settings: Settings, configs: ScoringConfigs, metrics: Metrics) -> None:
+        self.settings = settings
+        self.configs = configs
+        self.metrics = metrics
+        self.newest_event_time: datetime | None = None
+
+    def process(
+        self, records: list[InputRecord], load: Callable[[bytes], TraceState | None]
+    ) -> tuple[list[Record], dict[bytes, TraceState]]:
+        """Process a batch in order; return records to send and the trace states to write (once each)."""
+        out = Outputs(self.settings, self.metrics)
+        dirty: dict[bytes, TraceState] = {}
+        for record in records:
+            event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
+            if isinstance(event, DeadLetter):
+                self._dead_letter(event, record, out)
+                continue
+            self.metrics.events_processed.labels(event.event_type).inc()
+            if self.newest_event_time is None or event.timestamp > self.newest_event_time:
+                self.newest_event_time = event.timestamp
+            key = table_key(event.tenant_id, event.trace_id)
+            state = dirty.get(key) or load(key)
+            if state is None:
+                state = TraceState(
+                    tenant_id=event.tenant_id,
+                    trace_id=event.trace_id,
+                    partition=record.partition,
+                    last_event_time=event.timestamp,
+                )
+            dirty[key] = self._apply(state, event, record, out)
+        return out.records, dirty
+
+    def _dead_letter(self, letter: DeadLetter, record: InputRecord, out: Outputs) -> None:
+        self.metrics.events_dead_lettered.labels(letter.reason).inc()
+        out.records.append(
+            Record(
+                self.settings.dlq_topic,
+                b"",
+                strip_logprobs(letter.raw, self.settings.max_event_bytes),
+                connect_headers(letter, record.topic, record.partition, record.offset),
+            )
+        )
+
+    def _apply(
+        self,
+        state: TraceState,
+        event: LlmResponse | ToolInvocation | ClaimEvent,
+        record: InputRecord,
+        out: Outputs,
+    ) -> TraceState:
+        key = event.trace_id.encode()
+        remembered = state.remembered.get(event.event_id)
+        if remembered is not None:
+            # Re-delivery: the same outputs again (fresh scored_at), and no state change.
+            for output in remembered:
+                out.emit(with_scored_at(output), key, is_flagged(output), record.timestamp)
+            self._forward(event, state, record, out)
+            return state
+        last_time = max(state.last_event_time, event.timestamp)
+        if isinstance(event, ToolInvocation):
+            state, produced = self._tool(state, event, record, out)
+        elif isinstance(event, LlmResponse):
+            state, produced = self._response(state, event, record, out)
+        else:
+            state, produced = self._claim(state, event, record, out)
+        return state.model_copy(
+            update={
+                "last_event_time": last_time,
+                "remembered": {**state.remembered, event.event_id: produced},
+            }
+        )
+
+    # --- TOOL_INVOCATION -> TRACE_SCORED ---------------------------------------------------------------
+
+    def _tool(
+        self, state: TraceState, event: ToolInvocation, record: InputRecord, out: Outputs
+    ) -> tuple[TraceState, list[dict[str, object]]]:
+        cfg = self.configs.evidence
+        invocation = evidence.Invocation(
+            event_id=event.event_id,
+            tool=event.tool,
+            target=event.target,
+            phase=event.phase,
+            status=event.status,
+            result_count=event.result_count,
+            factors_found=event.factors_found,
+            build_passed=event.build_passed,
+            tests_passed=event.tests_passed,
+            complete=event.complete,
+        )
+        new_evidence = evidence.update(state.evidence, invocation, cfg)
+        result = evidence.score(new_evidence, cfg)
+        output = TraceScored(
+            event_id=output_event_id("TRACE_SCORED", event.event_id),
+            source_event_id=event.event_id,
+            trace_id=event.trace_id,
+            tenant_id=event.tenant_id,
+            scored_at=now(),
+            evidence=result,
+        ).model_dump(mode="json")
+        self.metrics.evidence_band.labels(result.band).inc()
+        if result.recovery_recommended:
+            self.metrics.recovery_recommended.inc()
+        out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
+        return state.model_copy(update={"evidence": new_evidence}), [without_scored_at(output)]
+
+    # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
+
+    def _response(
+        self, state: TraceState, event: LlmResponse, record: InputRecord, out: Outputs
+    ) -> tuple[TraceState, list[dict[str, object]]]:
+        produced: list[dict[str, object]] = []
+        pending = self._pending(event, record)
+        if event.role == "sub_call":
+            sub_id = event.sub_call_id or event.request_id
+            sub = SubCallRecord(
+                sub_call_id=sub_id,
+                content=event.response,
+                components=pending.heuristic.components,
+                logprob_confidence=pending.confidence,
+            )
+            state = state.model_copy(update={"sub_calls": {**state.sub_calls, sub_id: sub}})
+        elif event.role == "synthesis":
+            result = synthesis.synthesize(
+                [
+                    synthesis.SubResult(
+                        sub_call_id=s.sub_call_id,
+                        content=s.content,
+                        heuristic_components=s.components,
+                        logprob_confidence=s.logprob_confidence,
+                    )
+                    for s in state.sub_calls.values()
+                ],
+                list(state.claims.values()),
+                self.configs.synthesis,
+            )
+            output = SynthesisScored(
+                event_id=output_event_id("SYNTHESIS_SCORED", event.event_id),
+                source_event_id=event.event_id,
+                trace_id=event.trace_id,
+                tenant_id=event.tenant_id,
+                scored_at=now(),
+                overall_confidence=result.overall,
+                level=result.level,
+                sources=list(result.sources),
+                conflicts=list(result.conflicts),
+                warnings=list(result.warnings),
+                filtered_count=result.filtered_count,
+            ).model_dump(mode="json")
+            self.metrics.synthesis_confidence.observe(result.overall)
+            self.metrics.synthesis_conflicts.observe(len(result.conflicts))
+            self.metrics.synthesis_filtered.observe(result.filtered_count)
+            out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
+            produced.append(without_scored_at(output))
+        self._send_pending(pending, out)
+        return state, produced
+
+    def _pending(self, event: LlmResponse, record: InputRecord) -> PendingResponse:
+        cfg = self.configs.response
+        confidence = (
+            response.calculate_confidence(event.token_logprobs, cfg.aggregation, cfg.precision)
+            if cfg.enabled
+            else None
+        )
+        return PendingResponse(
+            # The logprobs stop here: only their scalar confidence travels on.
+            event=event.model_copy(update={"token_logprobs": None}),
+            confidence=confidence,
+            logprobs_present=bool(event.token_logprobs),
+            heuristic=heuristic.score_heuristic(event.response),
+            received_at=record.timestamp,
+        )
+
+    def _send_pending(self, pending: PendingResponse, out: Outputs) -> None:
+        key = table_key(pending.event.tenant_id, pending.event.agent_name)
+        out.records.append(Record(self.settings.responses_topic, key, pending.model_dump_json().encode()))
+
+    # --- CLAIM -> remembered for synthesis + forward to the claim stage --------------------------------
+
+    def _claim(
+        self, state: TraceState, event: ClaimEvent, record: InputRecord, out: Outputs
+    ) -> tuple[TraceState, list[dict[str, object]]]:
+        claims = state.claims
+        if event.claim_id in claims or len(claims) < self.settings.synthesis_max_claims:
+            trace_claim = synthesis.TraceClaim(
+                claim_id=event.claim_id,
+                statement=event.statement,
+                source_id=event.source_id,
+                contradicts=tuple(
+                    (r.target, r.strength) for r in event.relationships if r.type == "contradicts"
+                ),
+            )
+            state = state.model_copy(update={"claims": {**claims, event.claim_id: trace_claim}})
+        self._send_claim(event, record, out)
+        return state, []
+
+    def _send_claim(self, event: ClaimEvent, record: InputRecord, out: Outputs) -> None:
+        message = ClaimMessage(
+            kind="arrived",
+            tenant_id=event.tenant_id,
+            recipient=event.claim_id,
+            arrived=claim_graph.ClaimArrived(
+                definition=claim_definition(event),
+                source_event_id=event.event_id,
+                event_time=event.timestamp,
+            ),
+            received_at=record.timestamp,
+        )
+        key = table_key(event.tenant_id, event.claim_id)
+        out.records.append(Record(self.settings.claims_topic, key, message.model_dump_json().encode()))
+
+    def _forward(
+        self,
+        event: LlmResponse | ToolInvocation | ClaimEvent,
+        state: TraceState,
+        record: InputRecord,
+        out: Outputs,
+    ) -> None:
+        """On re-delivery, downstream stages get the input again and re-emit their remembered outputs."""
+        if isinstance(event, LlmResponse):
+            self._send_pending(self._pending(event, record), out)
+        elif isinstance(event, ClaimEvent):
+            self._send_claim(event, record, out)
+
+    def expired(self, state: TraceState) -> bool:
+        """Idle longer than the trace TTL, measured against the newest event time seen."""
+        if self.newest_event_time is None:
+            return False
+        return self.newest_event_time - state.last_event_time > timedelta(hours=self.settings.trace_ttl_hours)
+
+
+def claim_definition(event: ClaimEvent) -> claim_graph.ClaimDefinition:
+    """The claim as the claim graph keeps it."""
+    from streams.scoring.claims import Provenance
+
+    return claim_graph.ClaimDefinition(
+        claim_id=event.claim_id,
+        trace_id=event.trace_id,
+        statement=event.statement,
+        source_id=event.source_id,
+        provenance=tuple(
+            Provenance(source_type=p.source_type, confidence=p.confidence, source_id=p.source_id)
+            for p in event.provenance
+        ),
+        tier=event.tier,
+        staleness_at=event.staleness_at,
+        relationships=tuple(
+            claim_graph.Relationship(type=r.type, target=r.target, strength=r.strength)
+            for r in event.relationships
+        ),
+        derived_from=tuple(event.derived_from),
+        assessed_upper=event.assessed_upper,
+        instance_trust=event.instance_trust,
+    )
