@@ -94,6 +94,10 @@ def test_two_workers_match_one_worker(kafka: RunningBroker) -> None:
     try:
         _wait_ready(double)
         two = {_key(o) for o in _scored(double, _run(double, phases))}
+        # Both members did part of the work: each has emitted outputs of its own.
+        for port in double.web_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                assert b"confidence_outputs_emitted_total{" in response.read()
     finally:
         double.stop()
     assert len(one) == sum(adds for _, adds in phases)
