@@ -34,6 +34,13 @@ def _loader(table: faust.Table, model: type[M]) -> Callable[[bytes], M | None]:
     return load
 
 
+def _records(events: Sequence[faust.EventT[bytes]]) -> list[InputRecord]:
+    return [
+        InputRecord(e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value)
+        for e in events
+    ]
+
+
 async def _send(app: faust.App, records: Sequence[Record]) -> None:
     producer = app.producer
     for record in records:
@@ -51,13 +58,7 @@ def attach_agents(svc: Service) -> None:
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(batch, within=within):
-            records = [
-                InputRecord(
-                    e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value
-                )
-                for e in events
-            ]
-            outputs, states = svc.trace_stage.process(records, load_trace)
+            outputs, states = svc.trace_stage.process(_records(events), load_trace)
             for key, state in states.items():
                 svc.traces.set_from(key, state.model_dump_json().encode(), state.partition)
             await _send(app, outputs)
@@ -65,7 +66,7 @@ def attach_agents(svc: Service) -> None:
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(batch, within=within):
-            outputs, states = svc.agent_stage.process([e.value for e in events], load_history)
+            outputs, states = svc.agent_stage.process(_records(events), load_history)
             for key, history in states.items():
                 svc.agents_history[key] = history.model_dump_json().encode()
             await _send(app, outputs)
@@ -73,7 +74,7 @@ def attach_agents(svc: Service) -> None:
     @app.agent(svc.claims_topic, name="score-claims")
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(batch, within=within):
-            outputs, states = svc.claim_stage.process([e.value for e in events], load_claim)
+            outputs, states = svc.claim_stage.process(_records(events), load_claim)
             for key, claim in states.items():
                 svc.claims[key] = claim.model_dump_json().encode()
             await _send(app, outputs)

@@ -26,6 +26,7 @@ Reason = Literal[
     "out_of_range",
     "oversized_event",
     "oversized_array",
+    "processing_error",
 ]
 
 LOGPROBS_KEY = "token_logprobs"

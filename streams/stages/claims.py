@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -12,13 +13,15 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
-from streams.stages.common import Outputs, Record, is_flagged, now
+from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now, processing_error
 from streams.state import (
     ClaimMessage,
     table_key,
 )
 
 __all__ = ["ClaimStage"]
+
+log = logging.getLogger(__name__)
 
 
 class ClaimStage:
@@ -31,38 +34,54 @@ class ClaimStage:
         self.newest_event_time: datetime | None = None
 
     def process(
-        self, values: list[bytes], load: Callable[[bytes], claim_graph.ClaimState | None]
+        self, records: list[InputRecord], load: Callable[[bytes], claim_graph.ClaimState | None]
     ) -> tuple[list[Record], dict[bytes, claim_graph.ClaimState]]:
+        """Process a batch in order; return records to send and the claim states to write (once each)."""
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, claim_graph.ClaimState] = {}
-        for value in values:
-            envelope = ClaimMessage.model_validate_json(value)
-            message: claim_graph.ClaimArrived | claim_graph.PeerUpdate | None = (
-                envelope.arrived if envelope.kind == "arrived" else envelope.peer
-            )
-            assert message is not None
-            claim_id = envelope.recipient
-            key = table_key(envelope.tenant_id, claim_id)
-            state = dirty.get(key) or load(key)
-            new_state, result = claim_graph.handle(state, claim_id, message, self.configs.claims)
-            dirty[key] = new_state
-            if self.newest_event_time is None or message.event_time > self.newest_event_time:
-                self.newest_event_time = message.event_time
-            for score in result.scores:
-                self._emit(envelope, score, out)
-            for recipient, update in result.messages:
-                forward = ClaimMessage(
-                    kind="peer",
-                    tenant_id=envelope.tenant_id,
-                    recipient=recipient,
-                    peer=update,
-                    received_at=envelope.received_at,
-                )
-                key = table_key(envelope.tenant_id, recipient)
-                out.records.append(
-                    Record(self.settings.claims_topic, key, forward.model_dump_json().encode())
-                )
+        for record in records:
+            mark = len(out.records)
+            try:
+                self._one(record, load, dirty, out)
+            except Exception as exc:  # never stop the worker: dead-letter and go on
+                del out.records[mark:]
+                log.error("dead-lettering a claim message: %s", type(exc).__name__)
+                out.dead_letter(processing_error(record, exc, "claim stage"), record)
         return out.records, dirty
+
+    def _one(
+        self,
+        record: InputRecord,
+        load: Callable[[bytes], claim_graph.ClaimState | None],
+        dirty: dict[bytes, claim_graph.ClaimState],
+        out: Outputs,
+    ) -> None:
+        envelope = ClaimMessage.model_validate_json(record.value or b"")
+        message: claim_graph.ClaimArrived | claim_graph.PeerUpdate | None = (
+            envelope.arrived if envelope.kind == "arrived" else envelope.peer
+        )
+        assert message is not None
+        claim_id = envelope.recipient
+        key = table_key(envelope.tenant_id, claim_id)
+        state = dirty.get(key) or load(key)
+        new_state, result = claim_graph.handle(state, claim_id, message, self.configs.claims)
+        dirty[key] = new_state
+        if self.newest_event_time is None or message.event_time > self.newest_event_time:
+            self.newest_event_time = message.event_time
+        for score in result.scores:
+            self._emit(envelope, score, out)
+        for recipient, update in result.messages:
+            forward = ClaimMessage(
+                kind="peer",
+                tenant_id=envelope.tenant_id,
+                recipient=recipient,
+                peer=update,
+                received_at=envelope.received_at,
+            )
+            recipient_key = table_key(envelope.tenant_id, recipient)
+            out.records.append(
+                Record(self.settings.claims_topic, recipient_key, forward.model_dump_json().encode())
+            )
 
     def _emit(self, envelope: ClaimMessage, score: claim_graph.ClaimScore, out: Outputs) -> None:
         output = ClaimScored(

@@ -8,9 +8,19 @@ from datetime import UTC, datetime
 import orjson
 
 from streams.config import Settings
+from streams.dlq import DeadLetter, connect_headers, strip_logprobs
 from streams.metrics import Metrics
 
-__all__ = ["InputRecord", "Outputs", "Record", "is_flagged", "now", "with_scored_at", "without_scored_at"]
+__all__ = [
+    "InputRecord",
+    "Outputs",
+    "Record",
+    "is_flagged",
+    "now",
+    "processing_error",
+    "with_scored_at",
+    "without_scored_at",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,18 @@ class Outputs:
     metrics: Metrics
     records: list[Record] = field(default_factory=list)
 
+    def dead_letter(self, letter: DeadLetter, record: InputRecord) -> None:
+        """Send the record to the DLQ (logprobs removed) with Connect-style error headers."""
+        self.metrics.events_dead_lettered.labels(letter.reason).inc()
+        self.records.append(
+            Record(
+                self.settings.dlq_topic,
+                b"",
+                strip_logprobs(letter.raw, self.settings.max_event_bytes),
+                connect_headers(letter, record.topic, record.partition, record.offset),
+            )
+        )
+
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)
         self.records.append(Record(self.settings.scored_topic, key, value))
@@ -55,6 +77,14 @@ class Outputs:
         event_type = str(output["event_type"])
         self.metrics.outputs_emitted.labels(event_type).inc()
         self.metrics.processing_latency.labels(event_type).observe(max(0.0, now().timestamp() - received_at))
+
+
+def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLetter:
+    """A record whose processing raised: dead-lettered so one bad record never stops the worker.
+
+    The message names the exception class and the stage only: an exception's text could quote input.
+    """
+    return DeadLetter(record.value or b"", "processing_error", type(exc).__name__, f"{what} failed")
 
 
 def with_scored_at(output: dict[str, object]) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -14,7 +15,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
-from streams.stages.common import Outputs, Record, is_flagged, now
+from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now, processing_error
 from streams.state import (
     AgentHistory,
     HistoryEntry,
@@ -23,6 +24,8 @@ from streams.state import (
 )
 
 __all__ = ["AgentStage"]
+
+log = logging.getLogger(__name__)
 
 
 class AgentStage:
@@ -34,21 +37,37 @@ class AgentStage:
         self.metrics = metrics
 
     def process(
-        self, values: list[bytes], load: Callable[[bytes], AgentHistory | None]
+        self, records: list[InputRecord], load: Callable[[bytes], AgentHistory | None]
     ) -> tuple[list[Record], dict[bytes, AgentHistory]]:
+        """Process a batch in order; return records to send and the histories to write (once each)."""
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, AgentHistory] = {}
-        for value in values:
-            pending = PendingResponse.model_validate_json(value)
-            event = pending.event
-            key = table_key(event.tenant_id, event.agent_name)
-            history = dirty.get(key) or load(key)
-            if history is None:
-                history = AgentHistory(
-                    tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
-                )
-            dirty[key] = self._apply(history, pending, out)
+        for record in records:
+            mark = len(out.records)
+            try:
+                self._one(record, load, dirty, out)
+            except Exception as exc:  # never stop the worker: dead-letter and go on
+                del out.records[mark:]
+                log.error("dead-lettering a response in the history stage: %s", type(exc).__name__)
+                out.dead_letter(processing_error(record, exc, "history stage"), record)
         return out.records, dirty
+
+    def _one(
+        self,
+        record: InputRecord,
+        load: Callable[[bytes], AgentHistory | None],
+        dirty: dict[bytes, AgentHistory],
+        out: Outputs,
+    ) -> None:
+        pending = PendingResponse.model_validate_json(record.value or b"")
+        event = pending.event
+        key = table_key(event.tenant_id, event.agent_name)
+        history = dirty.get(key) or load(key)
+        if history is None:
+            history = AgentHistory(
+                tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
+            )
+        dirty[key] = self._apply(history, pending, out)
 
     def _apply(self, history: AgentHistory, pending: PendingResponse, out: Outputs) -> AgentHistory:
         event = pending.event

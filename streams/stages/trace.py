@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
-from streams.dlq import DeadLetter, connect_headers, strip_logprobs
+from streams.dlq import DeadLetter
 from streams.events import (
     ClaimEvent,
     LlmResponse,
@@ -24,6 +25,7 @@ from streams.stages.common import (
     Record,
     is_flagged,
     now,
+    processing_error,
     with_scored_at,
     without_scored_at,
 )
@@ -36,6 +38,8 @@ from streams.state import (
 )
 
 __all__ = ["TraceStage", "claim_definition"]
+
+log = logging.getLogger(__name__)
 
 
 class TraceStage:
@@ -56,7 +60,7 @@ class TraceStage:
         for record in records:
             event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
             if isinstance(event, DeadLetter):
-                self._dead_letter(event, record, out)
+                out.dead_letter(event, record)
                 continue
             self.metrics.events_processed.labels(event.event_type).inc()
             if self.newest_event_time is None or event.timestamp > self.newest_event_time:
@@ -70,19 +74,14 @@ class TraceStage:
                     partition=record.partition,
                     last_event_time=event.timestamp,
                 )
-            dirty[key] = self._apply(state, event, record, out)
+            mark = len(out.records)
+            try:
+                dirty[key] = self._apply(state, event, record, out)
+            except Exception as exc:  # a scorer bug must not stop the worker: dead-letter and go on
+                del out.records[mark:]
+                log.error("dead-lettering %s %s: %s", event.event_type, event.event_id, type(exc).__name__)
+                out.dead_letter(processing_error(record, exc, "trace stage"), record)
         return out.records, dirty
-
-    def _dead_letter(self, letter: DeadLetter, record: InputRecord, out: Outputs) -> None:
-        self.metrics.events_dead_lettered.labels(letter.reason).inc()
-        out.records.append(
-            Record(
-                self.settings.dlq_topic,
-                b"",
-                strip_logprobs(letter.raw, self.settings.max_event_bytes),
-                connect_headers(letter, record.topic, record.partition, record.offset),
-            )
-        )
 
     def _apply(
         self,

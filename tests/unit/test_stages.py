@@ -1,0 +1,74 @@
+"""The stages without Kafka: batch processing over in-memory state, and the processing-error net."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.scoring import evidence
+from streams.stages import InputRecord, TraceStage
+from streams.state import TraceState
+
+BASE = {
+    "event_type": "TOOL_INVOCATION",
+    "timestamp": "2026-11-22T10:00:00Z",
+    "tenant_id": "t",
+    "trace_id": "tr",
+    "agent_name": "a",
+    "agent_type": "planner",
+    "schema_version": 1,
+    "tool": "find",
+    "status": "ok",
+}
+
+
+def _stage() -> TraceStage:
+    settings = load_settings()
+    return TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+
+
+def _record(offset: int, **fields: Any) -> InputRecord:
+    return InputRecord("agent-events", 0, offset, 1.0, orjson.dumps({**BASE, **fields}))
+
+
+def test_batch_writes_each_trace_once_and_emits_in_order() -> None:
+    stage = _stage()
+    store: dict[bytes, TraceState] = {}
+    records, states = stage.process(
+        [_record(0, event_id="e1", target="Foo"), _record(1, event_id="e2", tool="read", target="src/Foo.h")],
+        store.get,
+    )
+    assert len(states) == 1
+    scored = [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+    assert [o["source_event_id"] for o in scored] == ["e1", "e2"]
+    assert round(scored[-1]["evidence"]["score"], 3) == 0.772
+
+
+def test_a_scorer_failure_dead_letters_that_event_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_update = evidence.update
+
+    def flaky(state: evidence.EvidenceState, inv: evidence.Invocation, cfg: evidence.EvidenceConfig) -> Any:
+        if inv.target == "boom":
+            raise RuntimeError("secret -0.0123456789")
+        return real_update(state, inv, cfg)
+
+    monkeypatch.setattr(evidence, "update", flaky)
+    stage = _stage()
+    records, states = stage.process(
+        [_record(0, event_id="e1", target="boom"), _record(1, event_id="e2", target="Foo")], {}.get
+    )
+    dead = [r for r in records if r.topic == "agent-events-dlq"]
+    assert len(dead) == 1
+    headers = dict(dead[0].headers or [])
+    assert headers["__connect.errors.reason"] == b"processing_error"
+    assert headers["__connect.errors.exception.class.name"] == b"RuntimeError"
+    assert b"0123456789" not in headers["__connect.errors.exception.message"]
+    scored = [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+    assert [o["source_event_id"] for o in scored] == ["e2"]
+    state = next(iter(states.values()))
+    assert "e1" not in state.remembered and "e2" in state.remembered
