@@ -74,7 +74,9 @@ def calculate_confidence(
         ordered = sorted(valid)
         m = ordered[max(0, int(len(ordered) * 0.1))]
     else:
-        m = math.fsum(valid) / len(valid) if -math.inf not in valid else -math.inf
+        # Dividing first keeps the sum finite for extreme (but valid) values such as -1e308.
+        n = len(valid)
+        m = math.fsum(v / n for v in valid) if -math.inf not in valid else -math.inf
     confidence = max(0.0, min(1.0, math.exp(m)))
     return round(confidence, precision)
 

@@ -89,3 +89,8 @@ def test_min_never_above_average(values: list[float]) -> None:
     low = calculate_confidence(values, "min", 9)
     avg = calculate_confidence(values, "average", 9)
     assert low is not None and avg is not None and low <= avg
+
+
+def test_extreme_values_do_not_overflow() -> None:
+    # Found by hypothesis: the plain sum of two -9e307 overflows.
+    assert calculate_confidence([-8.988465674311579e307, -8.98846567431158e307], "average", 3) == 0.0
