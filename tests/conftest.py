@@ -5,9 +5,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from streams.harness import RunningBroker, broker
+
+# CI explores a fixed set of examples (no flakes from a new random draw), with no per-example deadline
+# on a busy 2-core machine; locally hypothesis draws fresh examples each run.
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=200)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture(scope="session")
