@@ -33,7 +33,7 @@ _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
 
 def _reason(error: ErrorDetails) -> Reason:
     loc = error["loc"]
-    if error["type"] == "literal_error" and loc and loc[-1] == "schema_version":
+    if loc and loc[-1] == "schema_version" and error["type"] != "missing":
         return "unsupported_schema_version"
     return _REASON_BY_ERROR_TYPE.get(error["type"], "wrong_type")
 

@@ -1,7 +1,8 @@
 """Pydantic models of every input and output event: the single source of truth for the wire format.
 
-Inputs are decoded with `decode_event` (one discriminated union on `event_type`). Unknown extra fields
-are accepted and dropped, so they never reach an output. Non-finite numbers are accepted only as
+Inputs are decoded by `streams.decode.decode` (one discriminated union on `event_type`), in strict mode:
+a string is never coerced to a number or a boolean. Unknown extra fields are accepted and dropped, so
+they never reach an output. Non-finite numbers are accepted only as
 entries of `token_logprobs` (DESIGN 4b); everywhere else a number outside [0, 1] or non-finite is bad
 input. Output events embed the scoring results of `streams.scoring` directly.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from streams.scoring.claims import ClaimInterval
 from streams.scoring.composite import CompositeResult
@@ -45,7 +46,7 @@ INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM")
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     event_id: NonEmpty
     timestamp: AwareDatetime
@@ -55,11 +56,19 @@ class _Input(BaseModel):
     agent_type: NonEmpty
     schema_version: Literal[1]
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _integer_one(cls, value: object) -> object:
+        # `true == 1` in Python: without this a JSON boolean would pass as version 1.
+        if isinstance(value, bool):
+            raise ValueError("schema_version must be the integer 1")
+        return value
+
 
 class RetrievalHit(BaseModel):
     """One RAG retrieval result; `similarity` is required (DESIGN 4b)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     similarity: UnitFloat
     source: str | None = None
 
@@ -67,7 +76,7 @@ class RetrievalHit(BaseModel):
 class CodeValidation(BaseModel):
     """Seed 004's code validation checks; an absent key means false (DESIGN 4b)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     code_exists: bool = False
     syntax_valid: bool = False
     type_valid: bool = False
@@ -111,7 +120,7 @@ class ToolInvocation(_Input):
 class ProvenanceEntry(BaseModel):
     """Where a claim came from and how much that source is trusted."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     source_type: NonEmpty
     confidence: UnitFloat
     source_id: str | None = None
@@ -120,7 +129,7 @@ class ProvenanceEntry(BaseModel):
 class RelationshipEntry(BaseModel):
     """'This claim supports / contradicts `target`' with a strength in [0, 1]."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     type: Literal["supports", "contradicts"]
     target: NonEmpty
     strength: UnitFloat

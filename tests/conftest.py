@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
