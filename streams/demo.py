@@ -42,6 +42,7 @@ class DemoTraffic:
     responses: int = 0
     tools: int = 0
     claims: int = 0
+    claim_rescores: int = 0  # CLAIM_SCORED outputs caused by another claim's arrival
     syntheses: int = 0
     bad: int = 0
 
@@ -87,10 +88,10 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
         ("globex", "clerk-1", "clerk"),
     ]
     texts = [
-        "The bug is in `parse_config`: it **definitely** drops the last line. Verified with a test.\n"
+        "The bug is in `parse_config`: it **definitely** drops the last line. Verified, tested and confirmed.\n"
         "- fix the loop bound\n- add a regression test\n```python\nfor i in range(n):\n```",
         "I think the cache might be stale, maybe. Not sure.",
-        "Tests pass and the build is confirmed green; the change is documented in CHANGELOG.",
+        "Verified and tested: the build is confirmed green and the change is documented in CHANGELOG.",
         "Possibly the timeout, perhaps the retry policy; it is unclear which.",
     ]
     minute = 0.0
@@ -172,6 +173,9 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
         )
         b.add(event)
         t.claims += 1
+    # c-nil-2 contradicts c-nil-1: c-nil-1 is re-scored, and c-nil-2 again once c-nil-1's snapshot comes
+    # back; c-retry supports c-nil-1: c-nil-1 is re-scored once more.
+    t.claim_rescores = 3
     for sub_id, text, mean in [
         ("sub-a", "## Findings\n- `load()` returns nil on error\n- callers check it", -0.05),
         ("sub-b", "I think it never returns nil, maybe.", -0.4),

@@ -67,7 +67,7 @@ def _self_outputs_done(traffic: DemoTraffic, scored: str, dlq: str) -> object:
             and kinds["RESPONSE_SCORED"] >= traffic.responses
             and kinds["TRACE_SCORED"] >= traffic.tools
             and kinds["SYNTHESIS_SCORED"] >= traffic.syntheses
-            and kinds["CLAIM_SCORED"] >= traffic.claims
+            and kinds["CLAIM_SCORED"] >= traffic.claims + traffic.claim_rescores
         )
 
     return done
