@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -13,15 +12,13 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
-from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now, processing_error
+from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
 from streams.state import (
     ClaimMessage,
     table_key,
 )
 
 __all__ = ["ClaimStage"]
-
-log = logging.getLogger(__name__)
 
 
 class ClaimStage:
@@ -40,13 +37,7 @@ class ClaimStage:
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, claim_graph.ClaimState] = {}
         for record in records:
-            mark = len(out.records)
-            try:
-                self._one(record, load, dirty, out)
-            except Exception as exc:  # never stop the worker: dead-letter and go on
-                del out.records[mark:]
-                log.error("dead-lettering a claim message: %s", type(exc).__name__)
-                out.dead_letter(processing_error(record, exc, "claim stage"), record)
+            out.guarded(record, "claim stage", lambda r: self._one(r, load, dirty, out))
         return out.records, dirty
 
     def _one(

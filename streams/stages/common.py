@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -21,6 +23,8 @@ __all__ = [
     "with_scored_at",
     "without_scored_at",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,26 @@ class Outputs:
                 connect_headers(letter, record.topic, record.partition, record.offset),
             )
         )
+
+    def guarded(self, record: InputRecord, stage: str, handle: Callable[[InputRecord], None]) -> None:
+        """Run `handle(record)`; if it raises, drop what it emitted and dead-letter the record instead.
+
+        A scorer bug or an unreadable internal message must never stop the worker (DESIGN section 6).
+        """
+        mark = len(self.records)
+        try:
+            handle(record)
+        except Exception as exc:
+            del self.records[mark:]
+            log.error(
+                "dead-lettering %s[%d]@%d in the %s: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                stage,
+                type(exc).__name__,
+            )
+            self.dead_letter(processing_error(record, exc, stage), record)
 
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -15,7 +14,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
-from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now, processing_error
+from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
 from streams.state import (
     AgentHistory,
     HistoryEntry,
@@ -24,8 +23,6 @@ from streams.state import (
 )
 
 __all__ = ["AgentStage"]
-
-log = logging.getLogger(__name__)
 
 
 class AgentStage:
@@ -43,13 +40,7 @@ class AgentStage:
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, AgentHistory] = {}
         for record in records:
-            mark = len(out.records)
-            try:
-                self._one(record, load, dirty, out)
-            except Exception as exc:  # never stop the worker: dead-letter and go on
-                del out.records[mark:]
-                log.error("dead-lettering a response in the history stage: %s", type(exc).__name__)
-                out.dead_letter(processing_error(record, exc, "history stage"), record)
+            out.guarded(record, "history stage", lambda r: self._one(r, load, dirty, out))
         return out.records, dirty
 
     def _one(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -25,7 +24,6 @@ from streams.stages.common import (
     Record,
     is_flagged,
     now,
-    processing_error,
     with_scored_at,
     without_scored_at,
 )
@@ -38,8 +36,6 @@ from streams.state import (
 )
 
 __all__ = ["TraceStage", "claim_definition"]
-
-log = logging.getLogger(__name__)
 
 
 class TraceStage:
@@ -58,30 +54,33 @@ class TraceStage:
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, TraceState] = {}
         for record in records:
-            event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
-            if isinstance(event, DeadLetter):
-                out.dead_letter(event, record)
-                continue
-            self.metrics.events_processed.labels(event.event_type).inc()
-            if self.newest_event_time is None or event.timestamp > self.newest_event_time:
-                self.newest_event_time = event.timestamp
-            key = table_key(event.tenant_id, event.trace_id)
-            state = dirty.get(key) or load(key)
-            if state is None:
-                state = TraceState(
-                    tenant_id=event.tenant_id,
-                    trace_id=event.trace_id,
-                    partition=record.partition,
-                    last_event_time=event.timestamp,
-                )
-            mark = len(out.records)
-            try:
-                dirty[key] = self._apply(state, event, record, out)
-            except Exception as exc:  # a scorer bug must not stop the worker: dead-letter and go on
-                del out.records[mark:]
-                log.error("dead-lettering %s %s: %s", event.event_type, event.event_id, type(exc).__name__)
-                out.dead_letter(processing_error(record, exc, "trace stage"), record)
+            out.guarded(record, "trace stage", lambda r: self._one(r, load, dirty, out))
         return out.records, dirty
+
+    def _one(
+        self,
+        record: InputRecord,
+        load: Callable[[bytes], TraceState | None],
+        dirty: dict[bytes, TraceState],
+        out: Outputs,
+    ) -> None:
+        event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
+        if isinstance(event, DeadLetter):
+            out.dead_letter(event, record)
+            return
+        self.metrics.events_processed.labels(event.event_type).inc()
+        if self.newest_event_time is None or event.timestamp > self.newest_event_time:
+            self.newest_event_time = event.timestamp
+        key = table_key(event.tenant_id, event.trace_id)
+        state = dirty.get(key) or load(key)
+        if state is None:
+            state = TraceState(
+                tenant_id=event.tenant_id,
+                trace_id=event.trace_id,
+                partition=record.partition,
+                last_event_time=event.timestamp,
+            )
+        dirty[key] = self._apply(state, event, record, out)
 
     def _apply(
         self,
