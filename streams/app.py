@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics as metrics_module
 from streams.config import ScoringConfigs, Settings, scoring_configs
+from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, ClaimStage, TraceStage
 
 __all__ = ["Service", "SourcePartitionedTable", "create_app"]
@@ -87,6 +88,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         producer_linger_ms=settings.producer_linger_ms,
         consumer_auto_offset_reset="earliest",
         table_cleanup_interval=settings.sweep_interval_seconds,
+        TableManager=SeekThenResumeTableManager,  # fixes a record-loss race on restart, see streams/recovery.py
     )
     metrics = metrics_module.create(registry, settings.metrics_label_cap)
     configs = scoring_configs(settings)
