@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return _worker(argparse.Namespace())
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker keeps its own log
     return int(args.run(args))
 
 

@@ -77,7 +77,17 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float = 60.0) -> None:
 
     from aiokafka.admin import AIOKafkaAdminClient
 
+    def port_open() -> bool:
+        # A plain TCP check first, so aiokafka does not log connection errors while the broker boots.
+        for server in bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+                return True
+        return False
+
     async def probe() -> bool:
+        if not port_open():
+            return False
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=3000)
         try:
             await admin.start()

@@ -22,5 +22,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 def kafka() -> Iterator[RunningBroker]:
     """A real Kafka-protocol broker: configured, Docker Apache Kafka, or embedded Tansu."""
     with broker() as running:
-        logging.getLogger("tests").warning("integration tests run against %s (%s)", running.kind, running.bootstrap_servers)
+        logging.getLogger("tests").warning(
+            "integration tests run against %s (%s)", running.kind, running.bootstrap_servers
+        )
         yield running

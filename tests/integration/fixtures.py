@@ -57,8 +57,10 @@ class Deployment:
 
     def produce(self, events: list[dict[str, Any]] | list[bytes], key: bytes | None = None) -> None:
         records = [
-            (key if key is not None else (str(e["trace_id"]).encode() if isinstance(e, dict) else b"k"),
-             encode(e) if isinstance(e, dict) else e)
+            (
+                key if key is not None else (str(e["trace_id"]).encode() if isinstance(e, dict) else b"k"),
+                encode(e) if isinstance(e, dict) else e,
+            )
             for e in events
         ]
         asyncio.run(produce(self.kafka.bootstrap_servers, self.settings.input_topic_names[0], records))
@@ -109,8 +111,14 @@ class EventFactory:
             "schema_version": 1,
         }
 
-    def response(self, trace: str, minutes: float = 0, agent: str = "planner-1", agent_type: str = "planner",
-                 **fields: Any) -> dict[str, Any]:
+    def response(
+        self,
+        trace: str,
+        minutes: float = 0,
+        agent: str = "planner-1",
+        agent_type: str = "planner",
+        **fields: Any,
+    ) -> dict[str, Any]:
         event = self._common("LLM_RESPONSE", trace, minutes, agent, agent_type)
         event.update(request_id=f"req-{self.n}", model="gpt-4o", endpoint="/v1/chat", response="Done.")
         event.update(fields)
@@ -124,20 +132,28 @@ class EventFactory:
 
     def claim(self, trace: str, claim_id: str, minutes: float = 0, **fields: Any) -> dict[str, Any]:
         event = self._common("CLAIM", trace, minutes, "planner-1", "planner")
-        event.update(claim_id=claim_id, statement=f"statement {claim_id}", tier="task",
-                     provenance=[{"source_type": "agent", "confidence": 0.8}])
+        event.update(
+            claim_id=claim_id,
+            statement=f"statement {claim_id}",
+            tier="task",
+            provenance=[{"source_type": "agent", "confidence": 0.8}],
+        )
         event.update(fields)
         return event
 
 
-def count_of(kind: str, n: int, topic: str, source_ids: set[str] | None = None) -> Callable[[list[Consumed]], bool]:
+def count_of(
+    kind: str, n: int, topic: str, source_ids: set[str] | None = None
+) -> Callable[[list[Consumed]], bool]:
     def done(records: list[Consumed]) -> bool:
         seen = 0
         for r in records:
             if r.topic != topic:
                 continue
             out = orjson.loads(r.value)
-            if out.get("event_type") == kind and (source_ids is None or out.get("source_event_id") in source_ids):
+            if out.get("event_type") == kind and (
+                source_ids is None or out.get("source_event_id") in source_ids
+            ):
                 seen += 1
         return seen >= n
 

@@ -13,7 +13,7 @@ from tests.integration.fixtures import Deployment, EventFactory, count_of, deplo
 # Distinctive values: if any of these digits show up in an output, a header or a log line, logprobs leaked.
 LEAK_A = -0.0123456789
 LEAK_B = -0.0987654321
-LEAK_MARKERS = (b"0123456789", b"0987654321", b"token_logprobs\":[")
+LEAK_MARKERS = (b"0123456789", b"0987654321", b'token_logprobs":[')
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,13 @@ def deployment(kafka: RunningBroker) -> Iterator[Deployment]:
 STRONG = {
     "response": "Definitely verified and tested: confirmed and documented.",
     "retrieval": [{"similarity": 0.95, "source": "a"}, {"similarity": 0.9}, {"similarity": 0.85}],
-    "code_validation": {"code_exists": True, "syntax_valid": True, "type_valid": True, "tests_exist": True,
-                        "tests_pass": True},
+    "code_validation": {
+        "code_exists": True,
+        "syntax_valid": True,
+        "type_valid": True,
+        "tests_exist": True,
+        "tests_pass": True,
+    },
 }
 
 
@@ -102,8 +107,14 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
     dead = [r for r in records if r.topic == s.dlq_topic]
     reasons = sorted(dict(r.headers)["__connect.errors.reason"].decode() for r in dead)
     assert reasons == sorted(
-        ["invalid_json", "unknown_event_type", "missing_field", "unsupported_schema_version",
-         "out_of_range", "wrong_type"]
+        [
+            "invalid_json",
+            "unknown_event_type",
+            "missing_field",
+            "unsupported_schema_version",
+            "out_of_range",
+            "wrong_type",
+        ]
     )
     for r in dead:
         headers = dict(r.headers)

@@ -29,13 +29,28 @@ def _phases(tenant: str) -> list[tuple[list[dict[str, Any]], int]]:
         base += [
             f.tool(trace, "find", f"Sym{t}", minutes=t, result_count=1),
             f.tool(trace, "read", f"src/Sym{t}.h", minutes=t),
-            f.response(trace, minutes=t, agent=f"agent-{t}", token_logprobs=[-0.1 * (t + 1)], role="sub_call",
-                       sub_call_id=f"sub-{t}", response=f"Result {t}: definitely works."),
+            f.response(
+                trace,
+                minutes=t,
+                agent=f"agent-{t}",
+                token_logprobs=[-0.1 * (t + 1)],
+                role="sub_call",
+                sub_call_id=f"sub-{t}",
+                response=f"Result {t}: definitely works.",
+            ),
             f.claim(trace, f"c-{t}", minutes=t),
         ]
-    contradiction = [f.claim("tr-0", "c-x", minutes=20, relationships=[
-        {"type": "contradicts", "target": "c-1", "strength": 0.9},
-        {"type": "supports", "target": "c-2", "strength": 0.5}])]
+    contradiction = [
+        f.claim(
+            "tr-0",
+            "c-x",
+            minutes=20,
+            relationships=[
+                {"type": "contradicts", "target": "c-1", "strength": 0.9},
+                {"type": "supports", "target": "c-2", "strength": 0.5},
+            ],
+        )
+    ]
     derived = [f.claim("tr-3", "c-d", minutes=21, derived_from=["c-4"])]
     tail = [
         f.response("tr-0", minutes=22, agent="agent-0", role="synthesis", response="All good."),
@@ -57,7 +72,9 @@ def _scored(d: Deployment, records: list[Consumed]) -> list[dict[str, Any]]:
 
 
 def _key(o: dict[str, Any]) -> tuple[str, bytes]:
-    return o["event_id"], orjson.dumps({k: v for k, v in o.items() if k != "scored_at"}, option=orjson.OPT_SORT_KEYS)
+    return o["event_id"], orjson.dumps(
+        {k: v for k, v in o.items() if k != "scored_at"}, option=orjson.OPT_SORT_KEYS
+    )
 
 
 def _run(d: Deployment, phases: list[tuple[list[dict[str, Any]], int]]) -> list[Consumed]:
@@ -108,8 +125,13 @@ def _views(d: Deployment) -> dict[str, Any]:
     """Table state as the query views show it (the claim's wall-clock `as_of` left out)."""
     port = d.web_ports[0]
     views = {}
-    for path in ("/traces/redeliver/tr-0", "/traces/redeliver/tr-5", "/agents/redeliver/agent-0",
-                 "/claims/redeliver/c-1", "/claims/redeliver/c-d"):
+    for path in (
+        "/traces/redeliver/tr-0",
+        "/traces/redeliver/tr-5",
+        "/agents/redeliver/agent-0",
+        "/claims/redeliver/c-1",
+        "/claims/redeliver/c-d",
+    ):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
             body = json.loads(response.read())
         body.pop("as_of", None)

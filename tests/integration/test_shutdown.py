@@ -19,7 +19,9 @@ def test_sigterm_then_restart_loses_no_output(kafka: RunningBroker) -> None:
     ids = {e["event_id"] for e in events}
 
     def sources(records: list[Consumed]) -> set[str]:
-        return {orjson.loads(r.value)["source_event_id"] for r in records if r.topic == d.settings.scored_topic}
+        return {
+            orjson.loads(r.value)["source_event_id"] for r in records if r.topic == d.settings.scored_topic
+        }
 
     try:
         d.produce(events)

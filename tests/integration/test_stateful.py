@@ -43,21 +43,30 @@ def _get(deployment: Deployment, path: str) -> tuple[int, Any]:
 def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
     f = EventFactory()
     cases = {
-        "ev-different": [f.tool("ev-different", "find", "MemoryManager", result_count=2),
-                         f.tool("ev-different", "read", "src/Allocator.cpp")],
-        "ev-same": [f.tool("ev-same", "find", "MemoryManager", result_count=2),
-                    f.tool("ev-same", "read", "src/MemoryManager.h")],
-        "ev-strong": [f.tool("ev-strong", "find", "MemoryManager", result_count=2),
-                      f.tool("ev-strong", "grep", "MemoryManager", result_count=9),
-                      f.tool("ev-strong", "read", "src/MemoryManager.h"),
-                      f.tool("ev-strong", "read", "src/MemoryManager.cpp")],
+        "ev-different": [
+            f.tool("ev-different", "find", "MemoryManager", result_count=2),
+            f.tool("ev-different", "read", "src/Allocator.cpp"),
+        ],
+        "ev-same": [
+            f.tool("ev-same", "find", "MemoryManager", result_count=2),
+            f.tool("ev-same", "read", "src/MemoryManager.h"),
+        ],
+        "ev-strong": [
+            f.tool("ev-strong", "find", "MemoryManager", result_count=2),
+            f.tool("ev-strong", "grep", "MemoryManager", result_count=9),
+            f.tool("ev-strong", "read", "src/MemoryManager.h"),
+            f.tool("ev-strong", "read", "src/MemoryManager.cpp"),
+        ],
     }
     events = [e for trace in cases.values() for e in trace]
     deployment.produce(events)
     ids = {e["event_id"] for e in events}
     records = deployment.collect(count_of("TRACE_SCORED", len(ids), deployment.settings.scored_topic, ids))
     outputs = [o for o in deployment.outputs(records) if o.get("source_event_id") in ids]
-    last = {trace: _latest(outputs, "TRACE_SCORED", source_event_id=evs[-1]["event_id"]) for trace, evs in cases.items()}
+    last = {
+        trace: _latest(outputs, "TRACE_SCORED", source_event_id=evs[-1]["event_id"])
+        for trace, evs in cases.items()
+    }
     assert round(last["ev-different"]["evidence"]["score"], 3) == 0.732
     assert last["ev-different"]["evidence"]["band"] == "adequate"
     assert last["ev-different"]["evidence"]["convergence"]["bonus"] == 0.0
@@ -79,27 +88,38 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     f = EventFactory(tenant="claims-tenant")
     s = deployment.settings
     one = f.claim("cl-trace-a", "one-source")
-    three = f.claim("cl-trace-b", "three-types", provenance=[
-        {"source_type": t, "confidence": 0.7} for t in ("extraction", "agent", "user")])
+    three = f.claim(
+        "cl-trace-b",
+        "three-types",
+        provenance=[{"source_type": t, "confidence": 0.7} for t in ("extraction", "agent", "user")],
+    )
     stale = f.claim("cl-trace-c", "stale", minutes=240, tier="ephemeral", staleness_at=T0.isoformat())
     deployment.produce([one, three, stale])
     first_ids = {one["event_id"], three["event_id"], stale["event_id"]}
     deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, first_ids))
 
     # A contradiction from another trace (and, with 4 partitions, most likely another partition).
-    against = f.claim("cl-trace-d", "against", minutes=1,
-                      relationships=[{"type": "contradicts", "target": "one-source", "strength": 1.0}])
+    against = f.claim(
+        "cl-trace-d",
+        "against",
+        minutes=1,
+        relationships=[{"type": "contradicts", "target": "one-source", "strength": 1.0}],
+    )
     deployment.produce([against])
     # against itself, one-source penalised, against again once one-source's snapshot comes back.
     records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {against["event_id"]}))
     # Then a claim derived from two others.
-    derived = f.claim("cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"],
-                      assessed_upper=0.9)
+    derived = f.claim(
+        "cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"], assessed_upper=0.9
+    )
     deployment.produce([derived])
     # derived itself, then once per constituent's reply.
     records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {derived["event_id"]}))
-    outputs = [o for o in deployment.outputs(records) if o["event_type"] == "CLAIM_SCORED"
-               and o["tenant_id"] == "claims-tenant"]
+    outputs = [
+        o
+        for o in deployment.outputs(records)
+        if o["event_type"] == "CLAIM_SCORED" and o["tenant_id"] == "claims-tenant"
+    ]
 
     def interval(claim_id: str, source: str) -> dict[str, Any]:
         return _latest(outputs, "CLAIM_SCORED", claim_id=claim_id, source_event_id=source)["interval"]
@@ -116,7 +136,10 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     # The earlier claim is re-emitted, lowered, because of the later one; it keeps its own trace.
     rescored = _latest(outputs, "CLAIM_SCORED", claim_id="one-source", source_event_id=against["event_id"])
     assert rescored["trace_id"] == "cl-trace-a" and rescored["cause"] == "against"
-    assert (round(rescored["interval"]["lower"], 4), round(rescored["interval"]["upper"], 4)) == (0.448, 0.672)
+    assert (round(rescored["interval"]["lower"], 4), round(rescored["interval"]["upper"], 4)) == (
+        0.448,
+        0.672,
+    )
     assert rescored["as_of"].startswith("2026-11-22T12:01")
     own = interval("against", against["event_id"])
     assert (round(own["lower"], 4), round(own["upper"], 4)) == (0.448, 0.672)
@@ -142,19 +165,30 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
     strong = {
         "response": "Definitely verified and tested: confirmed and documented.",
         "retrieval": [{"similarity": 0.95}, {"similarity": 0.9}, {"similarity": 0.85}],
-        "code_validation": {"code_exists": True, "syntax_valid": True, "type_valid": True,
-                            "tests_exist": True, "tests_pass": True},
+        "code_validation": {
+            "code_exists": True,
+            "syntax_valid": True,
+            "type_valid": True,
+            "tests_exist": True,
+            "tests_pass": True,
+        },
     }
     weak = {"response": "Maybe it works, I think."}  # certainty 0.5 - 2*0.15 = 0.2; no KB or code factor
     events = [
-        f.response(f"hist-{i}", minutes=i, agent="patcher-x", agent_type="Patcher", **(strong if i < 2 else weak))
+        f.response(
+            f"hist-{i}", minutes=i, agent="patcher-x", agent_type="Patcher", **(strong if i < 2 else weak)
+        )
         for i in range(4)
     ]
     for event in events:  # one at a time: history must see each previous response
         deployment.produce([event])
         deployment.collect(count_of("RESPONSE_SCORED", 1, s.scored_topic, {event["event_id"]}))
-    records = deployment.collect(count_of("RESPONSE_SCORED", 4, s.scored_topic, {e["event_id"] for e in events}))
-    by_id = {o["source_event_id"]: o for o in deployment.outputs(records) if o["event_type"] == "RESPONSE_SCORED"}
+    records = deployment.collect(
+        count_of("RESPONSE_SCORED", 4, s.scored_topic, {e["event_id"] for e in events})
+    )
+    by_id = {
+        o["source_event_id"]: o for o in deployment.outputs(records) if o["event_type"] == "RESPONSE_SCORED"
+    }
     out = [by_id[e["event_id"]] for e in events]
     history = [o["composite"]["factors"]["agent_history"] for o in out]
     assert history == [0.5, 1.0, 1.0, pytest.approx(2 / 3)]
@@ -190,9 +224,18 @@ def test_metrics_and_health(deployment: Deployment) -> None:
     assert status == 200 and body["status"] == "ok"
     status, text = _get(deployment, "/metrics")
     assert status == 200
-    for name in ("llm_confidence_histogram_bucket", "llm_confidence_missing_total", "llm_confidence_average",
-                 "llm_confidence_rejected", "confidence_events_processed_total",
-                 "confidence_processing_latency_seconds_bucket", "rlm_synthesis_confidence"):
+    for name in (
+        "llm_confidence_histogram_bucket",
+        "llm_confidence_missing_total",
+        "llm_confidence_average",
+        "llm_confidence_rejected",
+        "confidence_events_processed_total",
+        "confidence_processing_latency_seconds_bucket",
+        "rlm_synthesis_confidence",
+    ):
         assert name in text, name
     assert 'confidence_events_processed_total{event_type="LLM_RESPONSE"}' in text
-    assert 'llm_confidence_histogram_count{endpoint="/v1/chat",model="gpt-4o",tenant="metrics-tenant"} 1.0' in text
+    assert (
+        'llm_confidence_histogram_count{endpoint="/v1/chat",model="gpt-4o",tenant="metrics-tenant"} 1.0'
+        in text
+    )

@@ -21,8 +21,13 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     events = [
         f.claim(trace, "k1", statement="The function returns nil on error", source_id="sub-a"),
         f.claim(trace, "k2", statement="The function never returns nil", source_id="sub-b"),
-        f.claim(trace, "k3", statement="The cache is warm at start", source_id="sub-a",
-                relationships=[{"type": "contradicts", "target": "k4", "strength": 0.9}]),
+        f.claim(
+            trace,
+            "k3",
+            statement="The cache is warm at start",
+            source_id="sub-a",
+            relationships=[{"type": "contradicts", "target": "k4", "strength": 0.9}],
+        ),
         f.claim(trace, "k4", statement="Startup begins cold", source_id="sub-b"),
         f.response(trace, role="sub_call", sub_call_id="sub-a", response=STRONG_TEXT, token_logprobs=[-0.05]),
         f.response(trace, role="sub_call", sub_call_id="sub-b", response=WEAK_TEXT, token_logprobs=[-3.0]),
@@ -38,8 +43,12 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     cfg = SynthesisConfig(min_confidence=0.5)
 
     def expected_confidence(text: str, logprobs: list[float]) -> float:
-        sub = SubResult(sub_call_id="x", content=text, heuristic_components=score_heuristic(text).components,
-                        logprob_confidence=calculate_confidence(logprobs))
+        sub = SubResult(
+            sub_call_id="x",
+            content=text,
+            heuristic_components=score_heuristic(text).components,
+            logprob_confidence=calculate_confidence(logprobs),
+        )
         return source_confidence(sub, cfg)
 
     strong = expected_confidence(STRONG_TEXT, [-0.05])
@@ -59,5 +68,7 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         "2 conflicts detected between sources. Review carefully.",
         "1 low-confidence sources excluded from synthesis.",
     ]
-    flagged = [o for o in d.outputs(records, d.settings.flagged_topic) if o["event_type"] == "SYNTHESIS_SCORED"]
+    flagged = [
+        o for o in d.outputs(records, d.settings.flagged_topic) if o["event_type"] == "SYNTHESIS_SCORED"
+    ]
     assert [o["event_id"] for o in flagged] == [out["event_id"]]

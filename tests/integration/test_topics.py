@@ -37,20 +37,44 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         "DLQ_TOPIC": f"dlq-{suffix}",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "topics", "create", "--partitions", "3", "--input-retention-ms",
-         "120000"],
-        env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "streams.cli",
+            "topics",
+            "create",
+            "--partitions",
+            "3",
+            "--input-retention-ms",
+            "120000",
+        ],
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     for topic in (f"in-a-{suffix}", f"in-b-{suffix}"):
         partitions, configs = asyncio.run(_describe(kafka.bootstrap_servers, topic))
         assert partitions == 3
         assert configs["retention.ms"] == "120000"
-    for topic in (f"scored-{suffix}", f"flagged-{suffix}", f"dlq-{suffix}", f"topics-{suffix}-responses-by-agent",
-                  f"topics-{suffix}-claims-by-id"):
+    for topic in (
+        f"scored-{suffix}",
+        f"flagged-{suffix}",
+        f"dlq-{suffix}",
+        f"topics-{suffix}-responses-by-agent",
+        f"topics-{suffix}-claims-by-id",
+    ):
         partitions, configs = asyncio.run(_describe(kafka.bootstrap_servers, topic))
         assert partitions == 3
         assert configs.get("retention.ms") != "120000"
-    again = subprocess.run([sys.executable, "-m", "streams.cli", "topics", "create"], env={**env, "PATH": "/usr/bin"},
-                           capture_output=True, text=True, timeout=60, check=False)
+    again = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "topics", "create"],
+        env={**env, "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert again.returncode == 0 and "nothing (all topics existed)" in again.stdout

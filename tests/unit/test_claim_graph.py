@@ -25,13 +25,23 @@ CFG = ClaimsConfig()
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 
 
-def define(claim_id: str, *rels: tuple[str, str, float], conf: float = 0.8, types: tuple[str, ...] = ("agent",),
-           derived_from: tuple[str, ...] = (), **kw: Any) -> ClaimDefinition:
+def define(
+    claim_id: str,
+    *rels: tuple[str, str, float],
+    conf: float = 0.8,
+    types: tuple[str, ...] = ("agent",),
+    derived_from: tuple[str, ...] = (),
+    **kw: Any,
+) -> ClaimDefinition:
     return ClaimDefinition(
-        claim_id=claim_id, trace_id=f"trace-{claim_id}", statement=claim_id, tier=kw.pop("tier", "task"),
+        claim_id=claim_id,
+        trace_id=f"trace-{claim_id}",
+        statement=claim_id,
+        tier=kw.pop("tier", "task"),
         provenance=tuple(Provenance(source_type=t, confidence=conf) for t in types),
         relationships=tuple(Relationship(type=k, target=t, strength=s) for k, t, s in rels),  # type: ignore[arg-type]
-        derived_from=derived_from, **kw,
+        derived_from=derived_from,
+        **kw,
     )
 
 
@@ -47,8 +57,12 @@ class Graph:
     def arrive(self, definition: ClaimDefinition, minutes: float = 0, event_id: str | None = None) -> str:
         self.n += 1
         event_id = event_id or f"ev-{self.n}"
-        self.send(definition.claim_id, ClaimArrived(definition=definition, source_event_id=event_id,
-                                                    event_time=T0 + timedelta(minutes=minutes)))
+        self.send(
+            definition.claim_id,
+            ClaimArrived(
+                definition=definition, source_event_id=event_id, event_time=T0 + timedelta(minutes=minutes)
+            ),
+        )
         return event_id
 
     def send(self, key: str, message: Any) -> None:
@@ -178,15 +192,24 @@ def _direct(definitions: list[ClaimDefinition]) -> dict[str, tuple[float, float]
     result = {}
     for d in definitions:
         lo, up, div = aggregate(d.provenance, CFG)
-        supports = [(aggregate(o.provenance, CFG)[1], r.strength) for o in definitions for r in o.relationships
-                    if r.type == "supports" and r.target == d.claim_id and o.claim_id != d.claim_id]
+        supports = [
+            (aggregate(o.provenance, CFG)[1], r.strength)
+            for o in definitions
+            for r in o.relationships
+            if r.type == "supports" and r.target == d.claim_id and o.claim_id != d.claim_id
+        ]
         contradictions = []
         for other in known:
             if other == d.claim_id:
                 continue
-            strengths = [r.strength for r in known[other].relationships
-                         if r.type == "contradicts" and r.target == d.claim_id]
-            strengths += [r.strength for r in d.relationships if r.type == "contradicts" and r.target == other]
+            strengths = [
+                r.strength
+                for r in known[other].relationships
+                if r.type == "contradicts" and r.target == d.claim_id
+            ]
+            strengths += [
+                r.strength for r in d.relationships if r.type == "contradicts" and r.target == other
+            ]
             if strengths:
                 contradictions.append((aggregate(known[other].provenance, CFG)[1], max(strengths)))
         i = effective_interval(lo, up, div, 1.0, supports, contradictions, 1.0, CFG)
@@ -195,15 +218,24 @@ def _direct(definitions: list[ClaimDefinition]) -> dict[str, tuple[float, float]
 
 
 ids = ["a", "b", "c", "d", "e"]
-relationship = st.tuples(st.sampled_from(["supports", "contradicts"]), st.sampled_from([*ids, "ghost"]),
-                         st.sampled_from([0.2, 0.5, 1.0]))
-claim = st.builds(lambda cid, rels, conf: define(cid, *rels, conf=conf), st.sampled_from(ids),
-                  st.lists(relationship, max_size=3), st.sampled_from([0.4, 0.7, 0.9]))
+relationship = st.tuples(
+    st.sampled_from(["supports", "contradicts"]),
+    st.sampled_from([*ids, "ghost"]),
+    st.sampled_from([0.2, 0.5, 1.0]),
+)
+claim = st.builds(
+    lambda cid, rels, conf: define(cid, *rels, conf=conf),
+    st.sampled_from(ids),
+    st.lists(relationship, max_size=3),
+    st.sampled_from([0.4, 0.7, 0.9]),
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(claim, min_size=1, max_size=6, unique_by=lambda d: d.claim_id), st.randoms())
-def test_any_delivery_order_converges_to_the_whole_graph_result(defs: list[ClaimDefinition], rnd: Any) -> None:
+def test_any_delivery_order_converges_to_the_whole_graph_result(
+    defs: list[ClaimDefinition], rnd: Any
+) -> None:
     g = Graph()
     for d in defs:
         g.arrive(d)

@@ -43,9 +43,14 @@ def test_aggregate(entries: list[Provenance], lower: float, upper: float, divers
 
 @pytest.mark.parametrize(
     ("tier", "elapsed", "factor"),
-    [("ephemeral", timedelta(hours=4), 0.5), ("ephemeral", timedelta(hours=8), 0.25),
-     ("task", timedelta(days=3), 0.5), ("project", timedelta(weeks=4), 0.5),
-     ("persistent", timedelta(days=365), 0.25), ("task", -timedelta(days=1), 1.0)],
+    [
+        ("ephemeral", timedelta(hours=4), 0.5),
+        ("ephemeral", timedelta(hours=8), 0.25),
+        ("task", timedelta(days=3), 0.5),
+        ("project", timedelta(weeks=4), 0.5),
+        ("persistent", timedelta(days=365), 0.25),
+        ("task", -timedelta(days=1), 1.0),
+    ],
 )
 def test_staleness_half_lives(tier: str, elapsed: timedelta, factor: float) -> None:
     assert staleness_factor(T, T + elapsed, tier, CFG) == pytest.approx(factor)
@@ -85,9 +90,13 @@ pairs = st.lists(st.tuples(unit, unit), max_size=5)
 
 
 @given(st.lists(st.tuples(st.sampled_from("abcd"), unit), max_size=6), unit, pairs, pairs, unit)
-def test_bounds_ordered_in_unit_interval(entries: list[tuple[str, float]], stale: float,
-                                         sup: list[tuple[float, float]], con: list[tuple[float, float]],
-                                         trust: float) -> None:
+def test_bounds_ordered_in_unit_interval(
+    entries: list[tuple[str, float]],
+    stale: float,
+    sup: list[tuple[float, float]],
+    con: list[tuple[float, float]],
+    trust: float,
+) -> None:
     lo, up, div = aggregate(prov(*entries), CFG)
     result = effective_interval(lo, up, div, stale, sup, con, trust, CFG)
     assert 0.0 <= result.lower <= result.upper <= 1.0
@@ -95,8 +104,11 @@ def test_bounds_ordered_in_unit_interval(entries: list[tuple[str, float]], stale
 
 @given(st.lists(st.tuples(st.sampled_from("abc"), unit), min_size=1, max_size=5), pairs, pairs, unit, unit)
 def test_contradiction_never_raises_support_never_lowers(
-    entries: list[tuple[str, float]], sup: list[tuple[float, float]], con: list[tuple[float, float]],
-    extra_upper: float, strength: float,
+    entries: list[tuple[str, float]],
+    sup: list[tuple[float, float]],
+    con: list[tuple[float, float]],
+    extra_upper: float,
+    strength: float,
 ) -> None:
     lo, up, div = aggregate(prov(*entries), CFG)
     base = effective_interval(lo, up, div, 1.0, sup, con, 1.0, CFG)
@@ -106,10 +118,18 @@ def test_contradiction_never_raises_support_never_lowers(
     assert more_sup.upper >= base.upper - 1e-12
 
 
-@given(st.sampled_from(["ephemeral", "task", "project", "persistent"]), st.integers(0, 10_000), st.integers(0, 10_000))
+@given(
+    st.sampled_from(["ephemeral", "task", "project", "persistent"]),
+    st.integers(0, 10_000),
+    st.integers(0, 10_000),
+)
 def test_more_staleness_never_raises_a_bound(tier: str, a: int, b: int) -> None:
     early, late = sorted((a, b))
     lo, up, div = aggregate(prov(("x", 0.9)), CFG)
-    first = effective_interval(lo, up, div, staleness_factor(T, T + timedelta(hours=early), tier, CFG), [], [], 1, CFG)
-    later = effective_interval(lo, up, div, staleness_factor(T, T + timedelta(hours=late), tier, CFG), [], [], 1, CFG)
+    first = effective_interval(
+        lo, up, div, staleness_factor(T, T + timedelta(hours=early), tier, CFG), [], [], 1, CFG
+    )
+    later = effective_interval(
+        lo, up, div, staleness_factor(T, T + timedelta(hours=late), tier, CFG), [], [], 1, CFG
+    )
     assert later.lower <= first.lower and later.upper <= first.upper

@@ -40,7 +40,9 @@ def test_knowledge_base(similarities: list[float], expected: float) -> None:
 
 
 def test_code_validation_seed_example() -> None:
-    cv = CodeValidation(code_exists=True, syntax_valid=True, type_valid=True, tests_exist=True, tests_pass=False)
+    cv = CodeValidation(
+        code_exists=True, syntax_valid=True, type_valid=True, tests_exist=True, tests_pass=False
+    )
     assert code_validation_score(cv) == pytest.approx(0.85)
     assert code_validation_score(CodeValidation()) == 0.0
 
@@ -61,7 +63,12 @@ def test_response_certainty(text: str, expected: float) -> None:
 
 
 def test_composite_seed_example() -> None:
-    factors = {"knowledge_base": 1.0, "code_validation": 0.85, "response_certainty": 0.7, "agent_history": 0.9}
+    factors = {
+        "knowledge_base": 1.0,
+        "code_validation": 0.85,
+        "response_certainty": 0.7,
+        "agent_history": 0.9,
+    }
     assert composite_from_factors(factors, CFG) == pytest.approx(0.875)
 
 
@@ -84,8 +91,14 @@ def test_missing_factors_renormalise() -> None:
 
 @pytest.mark.parametrize(
     ("agent_type", "threshold"),
-    [("planner", 0.75), ("Patcher", 0.80), ("VALIDATOR", 0.85), ("dgts_enforcer", 0.90), ("clerk", 0.70),
-     ("researcher", 0.75)],
+    [
+        ("planner", 0.75),
+        ("Patcher", 0.80),
+        ("VALIDATOR", 0.85),
+        ("dgts_enforcer", 0.90),
+        ("clerk", 0.70),
+        ("researcher", 0.75),
+    ],
 )
 def test_thresholds(agent_type: str, threshold: float) -> None:
     assert CFG.threshold_for(agent_type) == threshold
@@ -94,17 +107,28 @@ def test_thresholds(agent_type: str, threshold: float) -> None:
 def test_threshold_compared_after_rounding() -> None:
     # KB 0.7 + 2 x 0.05 computes as 0.7999999999999999 and must meet a 0.80 threshold.
     only_kb = {"knowledge_base": 1.0, "code_validation": 0.0, "response_certainty": 0.0, "agent_history": 0.0}
-    result = score_composite("other", [0.7, 0.7], None, "", 0.5, CompositeConfig(weights=only_kb, default_threshold=0.8))
+    result = score_composite(
+        "other", [0.7, 0.7], None, "", 0.5, CompositeConfig(weights=only_kb, default_threshold=0.8)
+    )
     assert result.score < 0.8 and result.threshold_met and not result.should_block
     blocked = score_composite("x", [0.6], None, "The result.", 0.5, CompositeConfig(default_threshold=0.8))
-    assert blocked.should_block and blocked.block_reason and "below x threshold 80.00%" in blocked.block_reason
+    assert (
+        blocked.should_block and blocked.block_reason and "below x threshold 80.00%" in blocked.block_reason
+    )
     assert I_DONT_KNOW_ANSWER == "I don't know - my confidence is too low to answer this accurately."
 
 
 def test_levels_and_block() -> None:
-    strong = score_composite("patcher", [0.95, 0.9, 0.85], CodeValidation(code_exists=True, syntax_valid=True,
-                             type_valid=True, tests_exist=True, tests_pass=True),
-                             "definitely verified tested confirmed documented", 0.5, CFG)
+    strong = score_composite(
+        "patcher",
+        [0.95, 0.9, 0.85],
+        CodeValidation(
+            code_exists=True, syntax_valid=True, type_valid=True, tests_exist=True, tests_pass=True
+        ),
+        "definitely verified tested confirmed documented",
+        0.5,
+        CFG,
+    )
     assert strong.score == pytest.approx(0.9) and strong.level == "MODERATE"  # HIGH needs > 0.90
     weak = score_composite("validator", [], CodeValidation(), "maybe", 0.0, CFG)
     assert weak.level == "VERY_LOW" and weak.should_block
@@ -114,9 +138,12 @@ unit = st.floats(min_value=0, max_value=1)
 
 
 @given(st.one_of(st.none(), st.lists(unit, max_size=8)), st.booleans(), st.text(max_size=200), unit)
-def test_composite_in_unit_interval(sims: list[float] | None, with_code: bool, text: str, history: float) -> None:
-    result = score_composite("planner", sims, CodeValidation(code_exists=True) if with_code else None, text, history,
-                             CFG)
+def test_composite_in_unit_interval(
+    sims: list[float] | None, with_code: bool, text: str, history: float
+) -> None:
+    result = score_composite(
+        "planner", sims, CodeValidation(code_exists=True) if with_code else None, text, history, CFG
+    )
     assert 0.0 <= result.score <= 1.0 + 1e-12
     assert sum(result.weights.values()) == pytest.approx(1.0)
 

@@ -64,15 +64,30 @@ def test_unknown_extra_fields_are_dropped() -> None:
         (orjson.dumps({**BASE, "schema_version": 2}), "unsupported_schema_version"),
         (orjson.dumps({**BASE, "schema_version": True}), "unsupported_schema_version"),
         (orjson.dumps({**BASE, "schema_version": "1"}), "unsupported_schema_version"),
-        (orjson.dumps({**BASE, "event_type": "TOOL_INVOCATION", "tool": "find", "target": "x", "status": "ok",
-                       "result_count": "3"}), "wrong_type"),
+        (
+            orjson.dumps(
+                {
+                    **BASE,
+                    "event_type": "TOOL_INVOCATION",
+                    "tool": "find",
+                    "target": "x",
+                    "status": "ok",
+                    "result_count": "3",
+                }
+            ),
+            "wrong_type",
+        ),
         (orjson.dumps({**BASE, "code_validation": {"code_exists": "yes"}}), "wrong_type"),
         (orjson.dumps({**BASE, "response": 5}), "wrong_type"),
         (orjson.dumps({**BASE, "timestamp": "2026-11-22T10:00:00"}), "invalid_value"),
         (orjson.dumps({**BASE, "retrieval": [{"similarity": 1.2}]}), "out_of_range"),
         (orjson.dumps({**BASE, "retrieval": [{"source": "no similarity"}]}), "missing_field"),
-        (orjson.dumps({**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "forever"}),
-         "invalid_value"),
+        (
+            orjson.dumps(
+                {**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "forever"}
+            ),
+            "invalid_value",
+        ),
         (orjson.dumps({**BASE, "token_logprobs": [-0.1] * 101}), "oversized_array"),
         (orjson.dumps({**BASE, "response": "x" * 20_000}), "oversized_event"),
     ],
@@ -94,7 +109,9 @@ def test_error_message_never_contains_input_values() -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        orjson.dumps({**BASE, "token_logprobs": [-0.0123456789], "nested": {"token_logprobs": [-0.0123456789]}}),
+        orjson.dumps(
+            {**BASE, "token_logprobs": [-0.0123456789], "nested": {"token_logprobs": [-0.0123456789]}}
+        ),
         b'{"token_logprobs": [-0.0123456789, NaN], "x": 1}',
         b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.0123456789, -0.2',
         b'{"token_logprobs": [-0.0123456789]',

@@ -38,8 +38,12 @@ def test_seed_case_find_read_same_target() -> None:
 
 
 def test_seed_case_find_grep_read_read_same_symbol() -> None:
-    result = run(("find", "MemoryManager"), ("grep", "MemoryManager"), ("read", "src/MemoryManager.h"),
-                 ("read", "src/MemoryManager.cpp"))
+    result = run(
+        ("find", "MemoryManager"),
+        ("grep", "MemoryManager"),
+        ("read", "src/MemoryManager.h"),
+        ("read", "src/MemoryManager.cpp"),
+    )
     assert round(result.score, 3) == 0.830 and result.band == "strong"
     assert result.categories == {"search": 0.80, "read": 0.80}
     assert result.convergence.categories == ("read", "search")
@@ -51,18 +55,37 @@ def test_seed_case_find_grep_read_read_same_symbol() -> None:
         ([("read", "a.py")], "read", 0.55),
         ([("find", "foo"), ("grep", "foo"), ("references", "foo")], "search", 0.92),
         ([("find", "foo"), ("grep", "bar")], "search", 0.65),
-        ([("find", "foo"), ("read", "src/foo_a.py"), ("read", "src/foo_b.py"), ("read", "src/foo_c.py")], "read",
-         0.88),
+        (
+            [("find", "foo"), ("read", "src/foo_a.py"), ("read", "src/foo_b.py"), ("read", "src/foo_c.py")],
+            "read",
+            0.88,
+        ),
         ([("find", "foo"), ("read", "foo_a.py"), ("read", "foo_b.py"), ("read", "other.py")], "read", 0.80),
         ([("discovery", "p", {"factors_found": 1})], "discovery", 0.20),
         ([("discovery", "p", {"factors_found": 2})], "discovery", 0.50),
-        ([("discovery", "p", {"factors_found": 3}), ("discovery", "p", {"factors_found": 1})], "discovery", 0.70),
+        (
+            [("discovery", "p", {"factors_found": 3}), ("discovery", "p", {"factors_found": 1})],
+            "discovery",
+            0.70,
+        ),
         ([("discovery", "p", {"factors_found": 4})], "discovery", 0.85),
         ([("cmake", "all", {"build_passed": True})], "verification", 0.80),
-        ([("cmake", "all", {"build_passed": True}), ("ctest", "all", {"tests_passed": True})], "verification", 0.93),
+        (
+            [("cmake", "all", {"build_passed": True}), ("ctest", "all", {"tests_passed": True})],
+            "verification",
+            0.93,
+        ),
         ([("ctest", "all", {"tests_passed": False})], "verification", 0.30),
-        ([("ctest", "all", {"tests_passed": True}), ("cmake", "all", {"build_passed": False})], "verification", 0.15),
-        ([("cmake", "all", {"build_passed": False}), ("cmake", "all", {"build_passed": True})], "verification", 0.80),
+        (
+            [("ctest", "all", {"tests_passed": True}), ("cmake", "all", {"build_passed": False})],
+            "verification",
+            0.15,
+        ),
+        (
+            [("cmake", "all", {"build_passed": False}), ("cmake", "all", {"build_passed": True})],
+            "verification",
+            0.80,
+        ),
         ([("git", "log")], "git", 0.75),
         ([("gh", "run", {"complete": True})], "ci", 0.80),
     ],
@@ -90,8 +113,12 @@ def test_no_evidence(calls: list[Any]) -> None:
 
 def test_errors_are_neutral_and_recovery_counts_every_attempt() -> None:
     before = run(("find", "foo"), ("read", "foo.py"))
-    after = run(("find", "foo"), ("read", "foo.py"), ("grep", "foo", {"status": "error", "phase": "recovery"}),
-                ("find", "bar", {"phase": "recovery"}))
+    after = run(
+        ("find", "foo"),
+        ("read", "foo.py"),
+        ("grep", "foo", {"status": "error", "phase": "recovery"}),
+        ("find", "bar", {"phase": "recovery"}),
+    )
     assert after.score == before.score
     assert after.recovery_attempts == 2 and before.recovery_attempts == 0
 
@@ -117,15 +144,25 @@ def test_gates() -> None:
 def test_three_category_convergence_and_failed_verification_stops_converging() -> None:
     passing = run(("find", "foo"), ("read", "src/foo.py"), ("ctest", "foo", {"tests_passed": True}))
     assert passing.convergence.count == 3 and passing.convergence.bonus == pytest.approx(0.25)
-    failing = run(("find", "foo"), ("read", "src/foo.py"), ("ctest", "foo", {"tests_passed": True}),
-                  ("cmake", "foo", {"build_passed": False}))
+    failing = run(
+        ("find", "foo"),
+        ("read", "src/foo.py"),
+        ("ctest", "foo", {"tests_passed": True}),
+        ("cmake", "foo", {"build_passed": False}),
+    )
     assert failing.convergence.categories == ("read", "search")
 
 
 @pytest.mark.parametrize(
     ("a", "b", "match"),
-    [("memorymanager", "src/memorymanager.h", True), ("src/x/foo.py", "foo", True), ("ab", "src/ab.py", False),
-     ("ab", "ab", True), ("foo", "src/foo/bar.py", False), ("bar", "baz", False)],
+    [
+        ("memorymanager", "src/memorymanager.h", True),
+        ("src/x/foo.py", "foo", True),
+        ("ab", "src/ab.py", False),
+        ("ab", "ab", True),
+        ("foo", "src/foo/bar.py", False),
+        ("bar", "baz", False),
+    ],
 )
 def test_target_matching(a: str, b: str, match: bool) -> None:
     assert targets_match(a, b) is match and targets_match(b, a) is match
@@ -142,14 +179,16 @@ def test_state_round_trips_and_redelivery_is_a_no_op() -> None:
 tool_call = st.tuples(
     st.sampled_from(["find", "grep", "references", "read", "discovery", "cmake", "ctest", "git", "gh"]),
     st.sampled_from(["foo", "src/foo.py", "bar", "src/bar/baz.h", "x"]),
-    st.fixed_dictionaries({
-        "status": st.sampled_from(["ok", "empty", "error"]),
-        "result_count": st.one_of(st.none(), st.integers(0, 3)),
-        "factors_found": st.one_of(st.none(), st.integers(0, 4)),
-        "build_passed": st.one_of(st.none(), st.booleans()),
-        "tests_passed": st.one_of(st.none(), st.booleans()),
-        "complete": st.one_of(st.none(), st.booleans()),
-    }),
+    st.fixed_dictionaries(
+        {
+            "status": st.sampled_from(["ok", "empty", "error"]),
+            "result_count": st.one_of(st.none(), st.integers(0, 3)),
+            "factors_found": st.one_of(st.none(), st.integers(0, 4)),
+            "build_passed": st.one_of(st.none(), st.booleans()),
+            "tests_passed": st.one_of(st.none(), st.booleans()),
+            "complete": st.one_of(st.none(), st.booleans()),
+        }
+    ),
 )
 
 

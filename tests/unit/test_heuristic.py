@@ -14,8 +14,11 @@ def _component(text: str, factor: str) -> Component:
 
 
 def test_seed_weighted_example() -> None:
-    components = [Component(factor="a", score=0.8, weight=0.5), Component(factor="b", score=0.6, weight=0.3),
-                  Component(factor="c", score=0.4, weight=0.2)]
+    components = [
+        Component(factor="a", score=0.8, weight=0.5),
+        Component(factor="b", score=0.6, weight=0.3),
+        Component(factor="c", score=0.4, weight=0.2),
+    ]
     assert weighted(components) == pytest.approx((0.8 * 0.5 + 0.6 * 0.3 + 0.4 * 0.2) / 1.0, abs=0.001)
     assert weighted([], base=0.42) == 0.42
     assert weighted([Component(factor="a", score=0.8, weight=0.0)], base=0.3) == 0.3
@@ -60,7 +63,14 @@ def test_score_is_weighted_mean_of_components() -> None:
 
 @pytest.mark.parametrize(
     ("score", "level"),
-    [(0.95, "high"), (0.9, "high"), (0.8999999999999999, "high"), (0.7, "medium"), (0.5, "low"), (0.49, "very_low")],
+    [
+        (0.95, "high"),
+        (0.9, "high"),
+        (0.8999999999999999, "high"),
+        (0.7, "medium"),
+        (0.5, "low"),
+        (0.49, "very_low"),
+    ],
 )
 def test_levels(score: float, level: str) -> None:
     assert level_for(score) == level

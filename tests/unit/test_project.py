@@ -53,9 +53,27 @@ def test_schemas_are_current() -> None:
 
 
 def test_scoring_imports_no_kafka_faust_or_network() -> None:
-    allowed_roots = {"__future__", "math", "typing", "dataclasses", "datetime", "collections", "functools",
-                     "itertools", "re", "pydantic", "streams", "enum", "bisect", "heapq", "statistics",
-                     "operator", "abc", "types", "string"}
+    allowed_roots = {
+        "__future__",
+        "math",
+        "typing",
+        "dataclasses",
+        "datetime",
+        "collections",
+        "functools",
+        "itertools",
+        "re",
+        "pydantic",
+        "streams",
+        "enum",
+        "bisect",
+        "heapq",
+        "statistics",
+        "operator",
+        "abc",
+        "types",
+        "string",
+    }
     for path in (ROOT / "streams" / "scoring").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -30,7 +30,9 @@ NAN, INF = float("nan"), float("inf")
         ([-INF], "percentile_90", 0.0),
     ],
 )
-def test_calculate_confidence(logprobs: list[float | None] | None, aggregation: str, expected: float | None) -> None:
+def test_calculate_confidence(
+    logprobs: list[float | None] | None, aggregation: str, expected: float | None
+) -> None:
     assert calculate_confidence(logprobs, aggregation, 3) == expected  # type: ignore[arg-type]
 
 

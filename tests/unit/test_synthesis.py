@@ -13,12 +13,18 @@ CFG = SynthesisConfig()
 
 
 def sub(sub_id: str, score: float, content: str = "x" * 10, logprob: float | None = None) -> SubResult:
-    return SubResult(sub_call_id=sub_id, content=content,
-                     heuristic_components=(Component(factor="h", score=score, weight=1.0),), logprob_confidence=logprob)
+    return SubResult(
+        sub_call_id=sub_id,
+        content=content,
+        heuristic_components=(Component(factor="h", score=score, weight=1.0),),
+        logprob_confidence=logprob,
+    )
 
 
 def test_seed_filter_example() -> None:
-    result = synthesize([sub("a", 0.8), sub("b", 0.3), sub("c", 0.6)], [], SynthesisConfig(min_confidence=0.5))
+    result = synthesize(
+        [sub("a", 0.8), sub("b", 0.3), sub("c", 0.6)], [], SynthesisConfig(min_confidence=0.5)
+    )
     assert [s.included for s in result.sources] == [True, False, True]
     assert result.filtered_count == 1
 
@@ -29,7 +35,9 @@ def test_token_logprobs_component_weight() -> None:
 
 
 def test_overall_is_length_weighted_over_included_sources() -> None:
-    result = synthesize([sub("a", 0.9, "x" * 30), sub("b", 0.6, "é" * 10), sub("c", 0.1, "y" * 1000)], [], CFG)
+    result = synthesize(
+        [sub("a", 0.9, "x" * 30), sub("b", 0.6, "é" * 10), sub("c", 0.1, "y" * 1000)], [], CFG
+    )
     assert result.overall == pytest.approx((0.9 * 30 + 0.6 * 10) / 40)  # code points, c excluded
     assert result.level == "medium"
     assert result.warnings == ("1 low-confidence sources excluded from synthesis.",)
@@ -42,20 +50,29 @@ def test_no_sources() -> None:
 
 
 def test_negation_conflict_from_the_seed() -> None:
-    claims = [TraceClaim(claim_id="1", statement="The function returns nil on error"),
-              TraceClaim(claim_id="2", statement="The function never returns nil")]
+    claims = [
+        TraceClaim(claim_id="1", statement="The function returns nil on error"),
+        TraceClaim(claim_id="2", statement="The function never returns nil"),
+    ]
     result = synthesize([sub("a", 0.9)], claims, CFG)
     assert len(result.conflicts) == 1
     conflict = result.conflicts[0]
     assert (conflict.claim_a, conflict.claim_b, conflict.type, conflict.detected_by) == (
-        "1", "2", "contradiction", "heuristic")
+        "1",
+        "2",
+        "contradiction",
+        "heuristic",
+    )
     assert result.warnings == ("1 conflicts detected between sources. Review carefully.",)
 
 
 @pytest.mark.parametrize(
     ("a", "b"),
-    [("The cache is warm", "The build never fails"), ("It returns nil", "It returns nil on error"),
-     ("No tests exist", "No tests exist")],
+    [
+        ("The cache is warm", "The build never fails"),
+        ("It returns nil", "It returns nil on error"),
+        ("No tests exist", "No tests exist"),
+    ],
 )
 def test_unrelated_or_agreeing_statements_do_not_conflict(a: str, b: str) -> None:
     claims = [TraceClaim(claim_id="1", statement=a), TraceClaim(claim_id="2", statement=b)]
@@ -70,13 +87,17 @@ def test_explicit_contradictions_threshold_pairs_and_max_claims() -> None:
     ]
     result = synthesize([], claims, CFG)
     assert [(c.claim_a, c.claim_b, c.severity, c.detected_by) for c in result.conflicts] == [
-        ("1", "2", 0.9, "explicit")]
+        ("1", "2", 0.9, "explicit")
+    ]
     capped = synthesize([], claims, SynthesisConfig(max_claims=1))
     assert capped.conflicts == ()
 
 
-@given(st.lists(st.tuples(st.floats(0, 1), st.text(max_size=50), st.one_of(st.none(), st.floats(0, 1))),
-                max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1), st.text(max_size=50), st.one_of(st.none(), st.floats(0, 1))), max_size=6
+    )
+)
 def test_overall_in_unit_interval(parts: list[tuple[float, str, float | None]]) -> None:
     result = synthesize([sub(str(i), s, c, lp) for i, (s, c, lp) in enumerate(parts)], [], CFG)
     assert 0.0 <= result.overall <= 1.0
