@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check streams tests bench
+	$(BIN)/ruff format --check streams tests bench
 	$(BIN)/mypy streams/scoring
 	$(BIN)/pytest -q -p no:cacheprovider
 
