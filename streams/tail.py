@@ -20,6 +20,9 @@ async def tail(flagged_only: bool = False, limit: int | None = None) -> int:
         topic, bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="latest", group_id=None
     )
     await consumer.start()
+    for partition in consumer.assignment():
+        await consumer.position(partition)  # resolve "latest" now: every event after the next line is shown
+    Console(stderr=True).print(f"following {topic} from its end (Ctrl-C to stop)")
     seen = 0
     try:
         async for message in consumer:
