@@ -7,7 +7,7 @@ is in progress. The record in flight on each partition when the seek lands is dr
 commit gap check (`min(acked) - committed > 1`, where `committed` is already the *next* offset) lets a
 single missing offset through, so that offset is committed without ever reaching an agent. We saw it
 as 1-2 of 400 inputs without output after a SIGTERM and restart (tests/integration/test_shutdown.py,
-about one run in two on Tansu). Upstream context: faust-streaming issues #216 and #221.
+3 to 4 runs in 8 on Tansu). Upstream context: faust-streaming issues #216 and #221.
 
 The fix is an ordering change: seek while the stream partitions are still paused, then resume them.
 Everything else is Faust's own code path, unchanged.
