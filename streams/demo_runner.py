@@ -161,9 +161,7 @@ def _describe(output: dict[str, object]) -> tuple[str, str]:
             f"{output['action']} {comp['level']}",
         )
     if kind == "TRACE_SCORED":
-        ev = output["evidence"]
-        assert isinstance(ev, dict)
-        return f"{ev['score']:.3f}", str(ev["band"])
+        return f"{output['score']:.3f}", str(output["band"])
     if kind == "CLAIM_SCORED":
         interval = output["interval"]
         assert isinstance(interval, dict)

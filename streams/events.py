@@ -204,11 +204,10 @@ class ResponseScored(_Output):
     metadata: ResponseMetadata
 
 
-class TraceScored(_Output):
-    """Per TOOL_INVOCATION: the trace's evidence score."""
+class TraceScored(_Output, EvidenceResult):
+    """Per TOOL_INVOCATION: the trace's evidence score, its fields at the top level (DESIGN section 3)."""
 
     event_type: Literal["TRACE_SCORED"] = "TRACE_SCORED"
-    evidence: EvidenceResult
 
 
 class ClaimScored(_Output):

@@ -44,9 +44,7 @@ def _line(event: dict[str, object]) -> str:
         assert isinstance(comp, dict)
         return f"{head} confidence={event.get('confidence')} action={event.get('action')} composite={comp.get('score')}"
     if kind == "TRACE_SCORED":
-        ev = event.get("evidence") or {}
-        assert isinstance(ev, dict)
-        return f"{head} score={ev.get('score')} band={ev.get('band')}"
+        return f"{head} score={event.get('score')} band={event.get('band')}"
     if kind == "CLAIM_SCORED":
         iv = event.get("interval") or {}
         assert isinstance(iv, dict)

@@ -127,9 +127,7 @@ def is_flagged(output: dict[str, object]) -> bool:
         assert isinstance(comp, dict)
         return output["action"] in ("flag", "reject") or bool(comp["should_block"])
     if kind == "TRACE_SCORED":
-        ev = output["evidence"]
-        assert isinstance(ev, dict)
-        return ev["band"] in ("weak", "failed")
+        return output["band"] in ("weak", "failed")
     if kind == "SYNTHESIS_SCORED":
         return bool(output["warnings"]) or bool(output["conflicts"])
     if kind == "CLAIM_SCORED":

@@ -67,15 +67,15 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
         trace: _latest(outputs, "TRACE_SCORED", source_event_id=evs[-1]["event_id"])
         for trace, evs in cases.items()
     }
-    assert round(last["ev-different"]["evidence"]["score"], 3) == 0.732
-    assert last["ev-different"]["evidence"]["band"] == "adequate"
-    assert last["ev-different"]["evidence"]["convergence"]["bonus"] == 0.0
-    assert round(last["ev-same"]["evidence"]["score"], 3) == 0.772
-    assert round(last["ev-strong"]["evidence"]["score"], 3) == 0.830
-    assert last["ev-strong"]["evidence"]["band"] == "strong"
-    assert last["ev-strong"]["evidence"]["convergence"]["categories"] == ["read", "search"]
+    assert round(last["ev-different"]["score"], 3) == 0.732
+    assert last["ev-different"]["band"] == "adequate"
+    assert last["ev-different"]["convergence"]["bonus"] == 0.0
+    assert round(last["ev-same"]["score"], 3) == 0.772
+    assert round(last["ev-strong"]["score"], 3) == 0.830
+    assert last["ev-strong"]["band"] == "strong"
+    assert last["ev-strong"]["convergence"]["categories"] == ["read", "search"]
     first = _latest(outputs, "TRACE_SCORED", source_event_id=cases["ev-same"][0]["event_id"])
-    assert round(first["evidence"]["score"], 3) == 0.650 and first["evidence"]["band"] == "adequate"
+    assert round(first["score"], 3) == 0.650 and first["band"] == "adequate"
 
     status, view = _get(deployment, "/traces/t1/ev-strong")
     assert status == 200

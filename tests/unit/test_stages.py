@@ -46,7 +46,7 @@ def test_batch_writes_each_trace_once_and_emits_in_order() -> None:
     assert len(states) == 1
     scored = [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
     assert [o["source_event_id"] for o in scored] == ["e1", "e2"]
-    assert round(scored[-1]["evidence"]["score"], 3) == 0.772
+    assert round(scored[-1]["score"], 3) == 0.772
 
 
 def test_a_scorer_failure_dead_letters_that_event_only(monkeypatch: pytest.MonkeyPatch) -> None:
