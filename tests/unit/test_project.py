@@ -36,6 +36,7 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("CONFIDENCE_MIN_ACCEPTANCE", "1.5"),
         ("TOPIC_PARTITIONS", "0"),
         ("INPUT_TOPICS", " , "),
+        ("LOG_LEVEL", "warning"),  # Faust's slow spinner mode
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
