@@ -84,12 +84,16 @@ def attach_views(svc: Service) -> None:
         async def get(self, request: Request) -> Response:
             return _json(self.web, {"status": "ok", "app_id": svc.settings.app_id})
 
+    # Faust's router cannot route by a topic object with several names, and every input topic is
+    # partitioned alike (same key, same partition count), so route trace lookups by the first one.
+    routing_topic = app.topic(svc.settings.input_topic_names[0], key_type=bytes, value_type=bytes)
+
     @app.page("/traces/{tenant_id}/{trace_id}")
     class TraceView(View):  # type: ignore[misc]
         async def get(self, request: Request, tenant_id: str, trace_id: str) -> Response:
             try:
                 # Traces live with their input partition: route by the input topic's key.
-                return await app.router.route_topic_req(svc.input_topic, trace_id.encode(), self.web, request)
+                return await app.router.route_topic_req(routing_topic, trace_id.encode(), self.web, request)
             except SameNode:
                 pass
             except ServiceUnavailable:
