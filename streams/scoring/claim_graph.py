@@ -336,7 +336,9 @@ def _peer(
     state = state.model_copy(update={"peers": peers})
     definition = state.definition
     if definition is None:
-        return state, HandleOutput()
+        # A stub still ages by the event time of what it heard, so a target that never arrives expires.
+        heard_at = max(filter(None, (state.last_event_time, message.event_time)))
+        return state.model_copy(update={"last_event_time": heard_at}), HandleOutput()
     scores: tuple[ClaimScore, ...] = ()
     messages: list[tuple[str, PeerUpdate]] = []
     interval = state.last_interval

@@ -242,3 +242,24 @@ def test_any_delivery_order_converges_to_the_whole_graph_result(
     g.run(choose=rnd.choice)
     direct = _direct(defs)
     assert {d.claim_id: g.interval(d.claim_id) for d in defs} == direct
+
+
+def test_stub_for_a_target_that_never_arrives_ages_and_expires() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from streams import metrics
+    from streams.config import load_settings, scoring_configs
+    from streams.stages import ClaimStage
+
+    g = Graph()
+    g.arrive(define("x", ("contradicts", "never", 0.5)), minutes=5)
+    g.run()
+    stub = g.states["never"]
+    assert stub.definition is None and stub.last_event_time == T0 + timedelta(minutes=5)
+
+    settings = load_settings()
+    stage = ClaimStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry(), 10))
+    stage.newest_event_time = T0 + timedelta(days=settings.claim_ttl_days - 1)
+    assert not stage.expired(stub)
+    stage.newest_event_time = T0 + timedelta(days=settings.claim_ttl_days + 1)
+    assert stage.expired(stub)
