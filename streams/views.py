@@ -40,10 +40,15 @@ def claim_matches(
     min_upper: float | None = None,
     max_lower: float | None = None,
 ) -> bool:
-    """Seed 002's three queries: lower above x; width above x; upper high but lower low."""
+    """Seed 002's three queries: lower above x; width above x; upper high but lower low.
+
+    Bounds are inclusive and compared after rounding to 9 decimals (DESIGN 4b), so a width computed
+    as 0.19999999999999996 meets `min_width=0.2`.
+    """
+    lower, upper, width = round(lower, 9), round(upper, 9), round(upper - lower, 9)
     if min_lower is not None and not lower >= min_lower:
         return False
-    if min_width is not None and not (upper - lower) >= min_width:
+    if min_width is not None and not width >= min_width:
         return False
     if min_upper is not None and not upper >= min_upper:
         return False
