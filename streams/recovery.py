@@ -35,6 +35,19 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
         consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
 
+    async def _start_flow(self, standbys_ready: bool) -> None:
+        # Faust's common ending of both paths: let records flow and announce the worker ready.
+        app: Any = self.app
+        self.completed.set()
+        app.flow_control.resume()
+        app.consumer.resume_flow()
+        await app._fetcher.maybe_start()
+        self.tables.on_actives_ready()
+        if standbys_ready:
+            self.tables.on_standbys_ready()
+        app.on_rebalance_end()
+        self.log.info("Worker ready")
+
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
         # Mirrors faust 0.15.3 Recovery.on_recovery_completed with the seek moved before the resume.
         app: Any = self.app
@@ -49,15 +62,7 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
             )
             return
         await self._seek_then_resume_streams()
-        self.completed.set()
-        app.flow_control.resume()
-        app.consumer.resume_flow()
-        await app._fetcher.maybe_start()
-        self.tables.on_actives_ready()
-        if not app.assignor.assigned_standbys():
-            self.tables.on_standbys_ready()
-        app.on_rebalance_end()
-        self.log.info("Worker ready")
+        await self._start_flow(standbys_ready=not app.assignor.assigned_standbys())
 
     async def _resume_streams(self, generation_id: int = 0) -> None:
         # Same fix for Faust's path without tables to recover.
@@ -67,14 +72,7 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
             self.log.warning("Recovery rebalancing again")
             return
         await self._seek_then_resume_streams()
-        self.completed.set()
-        app.flow_control.resume()
-        app.consumer.resume_flow()
-        await app._fetcher.maybe_start()
-        self.tables.on_actives_ready()
-        self.tables.on_standbys_ready()
-        app.on_rebalance_end()
-        self.log.info("Worker ready")
+        await self._start_flow(standbys_ready=True)
 
 
 class SeekThenResumeTableManager(TableManager):  # type: ignore[misc]

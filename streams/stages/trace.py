@@ -137,7 +137,7 @@ class TraceStage:
             trace_id=event.trace_id,
             tenant_id=event.tenant_id,
             scored_at=now(),
-            **result.model_dump(),
+            **dict(result),  # the evidence fields, top level (nested models passed as they are)
         ).model_dump(mode="json")
         self.metrics.evidence_band.labels(result.band).inc()
         if result.recovery_recommended:
