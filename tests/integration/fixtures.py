@@ -23,6 +23,20 @@ from streams.topics import create_topics
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
+# LLM_RESPONSE fields giving the seed 004 composite its strongest inputs (KB 1.0, code 1.0, certainty
+# 1.0): the composite never blocks these, so the seed 003 decision alone decides what is flagged.
+STRONG_COMPOSITE: dict[str, Any] = {
+    "response": "Definitely verified and tested: confirmed and documented.",
+    "retrieval": [{"similarity": 0.95, "source": "a"}, {"similarity": 0.9}, {"similarity": 0.85}],
+    "code_validation": {
+        "code_exists": True,
+        "syntax_valid": True,
+        "type_valid": True,
+        "tests_exist": True,
+        "tests_pass": True,
+    },
+}
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from streams.harness import RunningBroker
+from tests.integration.fixtures import STRONG_COMPOSITE as STRONG
 from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy
 
 # Distinctive values: if any of these digits show up in an output, a header or a log line, logprobs leaked.
@@ -22,21 +23,6 @@ def deployment(kafka: RunningBroker) -> Iterator[Deployment]:
     d.start_worker()
     yield d
     d.stop()
-
-
-# Strong composite inputs (KB 1.0, code 1.0, certainty 1.0): the composite never blocks these, so the
-# seed 003 decision alone decides what is flagged.
-STRONG = {
-    "response": "Definitely verified and tested: confirmed and documented.",
-    "retrieval": [{"similarity": 0.95, "source": "a"}, {"similarity": 0.9}, {"similarity": 0.85}],
-    "code_validation": {
-        "code_exists": True,
-        "syntax_valid": True,
-        "type_valid": True,
-        "tests_exist": True,
-        "tests_pass": True,
-    },
-}
 
 
 def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:

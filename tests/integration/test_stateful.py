@@ -11,7 +11,7 @@ import pytest
 
 from streams.harness import RunningBroker
 from streams.scoring.composite import I_DONT_KNOW_ANSWER
-from tests.integration.fixtures import T0, Deployment, EventFactory, count_of, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, T0, Deployment, EventFactory, count_of, deploy
 
 
 @pytest.fixture(scope="module")
@@ -162,21 +162,14 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
 def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment) -> None:
     f = EventFactory(tenant="history-tenant")
     s = deployment.settings
-    strong = {
-        "response": "Definitely verified and tested: confirmed and documented.",
-        "retrieval": [{"similarity": 0.95}, {"similarity": 0.9}, {"similarity": 0.85}],
-        "code_validation": {
-            "code_exists": True,
-            "syntax_valid": True,
-            "type_valid": True,
-            "tests_exist": True,
-            "tests_pass": True,
-        },
-    }
     weak = {"response": "Maybe it works, I think."}  # certainty 0.5 - 2*0.15 = 0.2; no KB or code factor
     events = [
         f.response(
-            f"hist-{i}", minutes=i, agent="patcher-x", agent_type="Patcher", **(strong if i < 2 else weak)
+            f"hist-{i}",
+            minutes=i,
+            agent="patcher-x",
+            agent_type="Patcher",
+            **(STRONG_COMPOSITE if i < 2 else weak),
         )
         for i in range(4)
     ]
