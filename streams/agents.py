@@ -1,27 +1,39 @@
-"""Thin Faust agents: take a batch, hand it to its stage, write each table key once, send the outputs.
+"""Thin Faust agents: take a batch, hand it to its stage, send the outputs, write the tables, then ack.
 
-Batches come from `take_events` and outputs go through the app's producer (DESIGN section 10): Faust
-flushes the producer before it commits the batch's offsets, so delivery is at-least-once and every
-stage is idempotent by input event id.
+At-least-once (README "Guarantees"): a batch's input offsets are acknowledged only after the broker
+acknowledged every output it caused and then every changelog record of its state. Outputs go first: a
+stage that finds an input already applied re-emits what it remembers, so state must never be stored
+ahead of outputs that could still be lost. If any step fails, the batch stays unacknowledged and the
+worker stops with exit status 70 and one clear log line; its successor processes the batch again (the
+stages are idempotent by input event id). Faust's own `take_events` would ack a batch even when the
+body raised, which is why the agents use `noack_take` and ack by hand.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import faust
 from pydantic import BaseModel
 
-from streams.app import Service
-from streams.scoring.claim_graph import ClaimState
+from streams.app import AckedTable, Service
+from streams.faults import FaultPoint
+from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
+from streams.stages.claims import ClaimWrite
 from streams.state import AgentHistory, TraceState
 
-__all__ = ["attach_agents"]
+__all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
 
 log = logging.getLogger(__name__)
+
+EXIT_BATCH_FAILED = 70  # EX_SOFTWARE: a batch could not be completed; nothing of it was acknowledged
+_HARD_EXIT_AFTER_SECONDS = 30.0  # if the graceful stop hangs (a broken producer), exit anyway
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,43 +53,115 @@ def _records(events: Sequence[faust.EventT[bytes]]) -> list[InputRecord]:
     ]
 
 
-async def _send(app: faust.App, records: Sequence[Record]) -> None:
-    producer = app.producer
-    for record in records:
-        await producer.send(record.topic, record.key, record.value, None, None, record.headers)
+def stop_worker(svc: Service, reason: str) -> None:
+    """Stop the worker with exit status 70: graceful (Faust commits only what was acknowledged)."""
+    if svc.health.fatal is not None:
+        return
+    svc.health.fatal = reason
+    log.critical(
+        "stopping the worker: %s. The batch was not acknowledged; a restarted worker processes it again.",
+        reason,
+    )
+    loop = asyncio.get_running_loop()
+    loop.call_later(_HARD_EXIT_AFTER_SECONDS, os._exit, EXIT_BATCH_FAILED)
+    os.kill(os.getpid(), signal.SIGTERM)  # Faust's graceful shutdown; the CLI turns it into status 70
+
+
+class BatchRunner:
+    """Runs one stage's batches with the at-least-once order: outputs, then state, then ack."""
+
+    def __init__(self, svc: Service, agent: str, table: AckedTable) -> None:
+        self.svc = svc
+        self.agent = agent
+        self.table = table
+
+    async def run(
+        self,
+        stream: faust.StreamT[bytes],
+        process: Callable[[list[InputRecord]], tuple[list[Record], Mapping[bytes, Any]]],
+        write: Callable[[bytes, Any], None],
+    ) -> None:
+        settings = self.svc.settings
+        try:
+            async for events in stream.noack_take(settings.batch_size, within=settings.batch_within_seconds):
+                if self.svc.health.fatal is not None:
+                    return  # stopping: leave everything unacknowledged
+                try:
+                    await self._complete(events, process, write)
+                except Exception as exc:  # any failure of the batch: never ack, stop with a clear error
+                    stop_worker(self.svc, f"{self.agent} failed a batch of {len(events)}: {exc!r}")
+                    return
+                for event in events:
+                    await stream.ack(event)
+        except Exception as exc:
+            # Faust's own stream machinery failed. A restarted agent would resume after records nobody
+            # acknowledged, so stop instead and let a successor re-read them from the committed offset.
+            self.svc.health.agent_crashed(self.agent)
+            stop_worker(self.svc, f"agent {self.agent} crashed: {exc!r}")
+
+    async def _complete(
+        self,
+        events: Sequence[faust.EventT[bytes]],
+        process: Callable[[list[InputRecord]], tuple[list[Record], Mapping[bytes, Any]]],
+        write: Callable[[bytes, Any], None],
+    ) -> None:
+        batch = self.svc.faults.next_batch(self.agent)
+        outputs, states = process(_records(events))
+        self._inject("send", batch)
+        await self._acknowledged([await self._send(record) for record in outputs])
+        for key, state in states.items():
+            write(key, state)
+            self._inject("table", batch)
+        await self._acknowledged(self.table.take_pending_writes())
+
+    async def _send(self, record: Record) -> Awaitable[Any]:
+        producer = self.svc.app.producer
+        future: Awaitable[Any] = await producer.send(
+            record.topic, record.key, record.value, record.partition, None, record.headers
+        )
+        return future
+
+    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
+        if futures:
+            await asyncio.wait_for(asyncio.gather(*futures), self.svc.settings.send_timeout_seconds)
+
+    def _inject(self, point: FaultPoint, batch: int) -> None:
+        self.svc.faults.check(self.agent, point, batch)
 
 
 def attach_agents(svc: Service) -> None:
     """Register the three stage agents and the state sweeps on `svc.app`."""
     app, settings = svc.app, svc.settings
-    batch, within = settings.batch_size, settings.batch_within_seconds
     load_trace = _loader(svc.traces, TraceState)
     load_history = _loader(svc.agents_history, AgentHistory)
-    load_claim = _loader(svc.claims, ClaimState)
+    load_claim = _loader(svc.claims, ClaimNode)
+
+    def write_trace(key: bytes, state: TraceState) -> None:
+        svc.traces.set_from(key, state.model_dump_json().encode(), state.partition)
+
+    def write_history(key: bytes, history: AgentHistory) -> None:
+        svc.agents_history[key] = history.model_dump_json().encode()
+
+    def write_claim(key: bytes, write: ClaimWrite) -> None:
+        svc.claims.set_from(key, write.node.model_dump_json().encode(), write.partition)
 
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(batch, within=within):
-            outputs, states = svc.trace_stage.process(_records(events), load_trace)
-            for key, state in states.items():
-                svc.traces.set_from(key, state.model_dump_json().encode(), state.partition)
-            await _send(app, outputs)
+        await BatchRunner(svc, "score-events", svc.traces).run(
+            stream, lambda records: svc.trace_stage.process(records, load_trace), write_trace
+        )
 
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(batch, within=within):
-            outputs, states = svc.agent_stage.process(_records(events), load_history)
-            for key, history in states.items():
-                svc.agents_history[key] = history.model_dump_json().encode()
-            await _send(app, outputs)
+        await BatchRunner(svc, "score-responses", svc.agents_history).run(
+            stream, lambda records: svc.agent_stage.process(records, load_history), write_history
+        )
 
     @app.agent(svc.claims_topic, name="score-claims")
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(batch, within=within):
-            outputs, states = svc.claim_stage.process(_records(events), load_claim)
-            for key, claim in states.items():
-                svc.claims[key] = claim.model_dump_json().encode()
-            await _send(app, outputs)
+        await BatchRunner(svc, "score-claims", svc.claims).run(
+            stream, lambda records: svc.claim_stage.process(records, load_claim), write_claim
+        )
 
     @app.timer(interval=settings.sweep_interval_seconds)
     async def sweep_expired_state() -> None:
@@ -92,13 +176,19 @@ def attach_agents(svc: Service) -> None:
         expired_claims = [
             key
             for key, raw in list(svc.claims.items())
-            if svc.claim_stage.expired(ClaimState.model_validate_json(raw))
+            if svc.claim_stage.expired(ClaimNode.model_validate_json(raw))
         ]
         for key in expired_claims:
-            svc.claims.pop(key, None)
+            svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
+        svc.metrics.table_keys.labels("traces").set(len(svc.traces))
+        svc.metrics.table_keys.labels("agent-history").set(len(svc.agents_history))
+        svc.metrics.table_keys.labels("claims").set(len(svc.claims))
         if expired_traces or expired_claims:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
             )
+        # Sweep deletions are not tied to an input offset; collect their futures so they don't pile up.
+        svc.traces.take_pending_writes()
+        svc.claims.take_pending_writes()
 
     del score_events, score_responses, score_claims, sweep_expired_state  # registered on the app

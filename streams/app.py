@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -10,13 +11,37 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics as metrics_module
 from streams.config import ScoringConfigs, Settings, scoring_configs
+from streams.faults import FaultInjector
+from streams.health import Health
 from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, ClaimStage, TraceStage
 
-__all__ = ["Service", "SourcePartitionedTable", "create_app"]
+__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
 
 
-class SourcePartitionedTable(faust.Table):  # type: ignore[misc]
+class AckedTable(faust.Table):  # type: ignore[misc]
+    """A table that hands out its changelog writes, so an agent can wait until the broker has them.
+
+    Faust sends changelog records in the background; an offset must not be committed before the state
+    change it caused is stored (at-least-once), so agents await `take_pending_writes()`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending_writes: list[asyncio.Future[Any]] = []
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+        future = super().send_changelog(*args, **kwargs)
+        self._pending_writes.append(future)
+        return future
+
+    def take_pending_writes(self) -> list[asyncio.Future[Any]]:
+        """The changelog writes since the last call (each resolves when the broker acknowledged it)."""
+        pending, self._pending_writes = self._pending_writes, []
+        return pending
+
+
+class SourcePartitionedTable(AckedTable):
     """A table whose changelog record goes to the partition its key's source record came from.
 
     Agents take batches that span partitions, so Faust's default (the partition of the *current* event)
@@ -58,11 +83,18 @@ class Service:
     claims_topic: faust.TopicT
     output_topics: tuple[faust.TopicT, ...]
     traces: SourcePartitionedTable
-    agents_history: faust.Table
-    claims: faust.Table
+    agents_history: AckedTable
+    claims: SourcePartitionedTable
     trace_stage: TraceStage
     agent_stage: AgentStage
     claim_stage: ClaimStage
+    faults: FaultInjector
+    health: Health = field(default_factory=Health)
+
+
+def changelog_topics(svc: Service) -> list[str]:
+    """The changelog topic of every table (Faust names them `<app_id>-<table>-changelog`)."""
+    return [table.changelog_topic.get_topic_name() for table in svc.app.tables.values()]
 
 
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> Service:
@@ -113,24 +145,30 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         help="Per-trace evidence, sub results, claims and remembered outputs.",
     )
     app.tables.add(traces)
-    # The two repartition topics are produced by us with Kafka's default partitioner on the same key,
-    # so the partitioner puts each changelog record in the partition its key is consumed from.
-    agents_history = app.Table(
-        "agent-history",
+    # The responses topic is produced by us with Kafka's default partitioner on the same key, so the
+    # partitioner puts each changelog record in the partition its key is consumed from.
+    agents_history = AckedTable(
+        app,
+        name="agent-history",
+        beacon=app.tables.beacon,
         partitions=settings.topic_partitions,
         key_type=bytes,
         value_type=bytes,
         use_partitioner=True,
         help="Rolling per-(tenant, agent) response history.",
     )
-    claims = app.Table(
-        "claims",
+    app.tables.add(agents_history)
+    # Claim nodes are keyed (tenant, claim) but consumed by tenant: changelog records follow the tenant.
+    claims = SourcePartitionedTable(
+        app,
+        name="claims",
+        beacon=app.tables.beacon,
         partitions=settings.topic_partitions,
         key_type=bytes,
         value_type=bytes,
-        use_partitioner=True,
-        help="Claim graph state per (tenant, claim_id).",
+        help="Claim graph nodes per (tenant, claim_id), partitioned by tenant.",
     )
+    app.tables.add(claims)
     return Service(
         settings=settings,
         app=app,
@@ -147,4 +185,5 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         trace_stage=TraceStage(settings, configs, metrics),
         agent_stage=AgentStage(settings, configs, metrics),
         claim_stage=ClaimStage(settings, configs, metrics),
+        faults=FaultInjector.parse(settings.fault_injection),
     )

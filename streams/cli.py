@@ -13,22 +13,35 @@ __all__ = ["main"]
 def _worker(_: argparse.Namespace) -> int:
     from faust import Worker
 
-    from streams.agents import attach_agents
-    from streams.app import create_app
+    from streams.agents import EXIT_BATCH_FAILED, attach_agents
+    from streams.app import changelog_topics, create_app
     from streams.config import load_settings
+    from streams.topics import PartitionMismatch, ensure_topics
     from streams.views import attach_views
 
     settings = load_settings()
     svc = create_app(settings)
+    # Every topic must exist with the expected partitions before anything consumes (README "Guarantees").
+    try:
+        asyncio.run(ensure_topics(settings, changelog_topics(svc)))
+    except PartitionMismatch as exc:
+        print(f"confidence-streams worker: {exc}", file=sys.stderr)
+        return 2
     attach_agents(svc)
     attach_views(svc)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
     worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        if svc.health.fatal is not None:  # a batch failed: stopped on purpose, not a clean exit
+            return EXIT_BATCH_FAILED
+        raise
     return 0
 
 
 def _topics(args: argparse.Namespace) -> int:
+    from streams.app import changelog_topics, create_app
     from streams.config import load_settings
     from streams.topics import create_topics
 
@@ -37,7 +50,8 @@ def _topics(args: argparse.Namespace) -> int:
         overrides["topic_partitions"] = args.partitions
     if args.input_retention_ms is not None:
         overrides["input_retention_ms"] = args.input_retention_ms
-    created = asyncio.run(create_topics(load_settings(**overrides)))
+    settings = load_settings(**overrides)
+    created = asyncio.run(create_topics(settings, changelog_topics(create_app(settings))))
     print("created:", ", ".join(created) or "nothing (all topics existed)")
     return 0
 

@@ -103,6 +103,17 @@ class Settings(BaseSettings):
     claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
     sweep_interval_seconds: float = Field(60.0, gt=0)
 
+    # --- Reliability ------------------------------------------------------------------------------
+    send_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A batch whose outputs or state writes are not acknowledged in time stops the worker.",
+    )
+    fault_injection: str = Field(
+        "",
+        description="Tests only: `<send|table>:<agent>:<batch number>` makes that batch fail (see streams/faults.py).",
+    )
+
     # --- Metrics ----------------------------------------------------------------------------------
     metrics_label_cap: int = Field(100, ge=1, description="Distinct label values before `other`.")
 
@@ -145,8 +156,8 @@ class Settings(BaseSettings):
 
     @property
     def claims_topic(self) -> str:
-        """Internal repartition topic: claim messages keyed by (tenant, claim_id)."""
-        return f"{self.app_id}-claims-by-id"
+        """Internal repartition topic: CLAIM inputs keyed by tenant (one claim graph per tenant)."""
+        return f"{self.app_id}-claims-by-tenant"
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from streams.dlq import DeadLetter, Reason
-from streams.events import ClaimEvent, LlmResponse, ToolInvocation, input_adapter
+from streams.events import INPUT_EVENT_TYPES, ClaimEvent, LlmResponse, ToolInvocation, input_adapter
 
 __all__ = ["Decoded", "decode"]
 
@@ -38,12 +38,17 @@ def _reason(error: ErrorDetails) -> Reason:
     return _REASON_BY_ERROR_TYPE.get(error["type"], "wrong_type")
 
 
+# pydantic's message for an unknown tag quotes the tag, an input value: replaced by this one.
+_UNKNOWN_EVENT_TYPE = "event_type should be one of " + ", ".join(repr(t) for t in INPUT_EVENT_TYPES)
+
+
 def _message(exc: ValidationError) -> str:
     # Never include input values: a wrong-typed token_logprobs would otherwise leak into the header.
     parts = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
         where = ".".join(str(p) for p in error["loc"]) or "<event>"
-        parts.append(f"{where}: {error['msg']}")
+        message = _UNKNOWN_EVENT_TYPE if error["type"] == "union_tag_invalid" else error["msg"]
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
 

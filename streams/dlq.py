@@ -6,6 +6,7 @@ sanitised message (never an input value), and is written to the DLQ with Kafka C
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -31,8 +32,13 @@ Reason = Literal[
 
 LOGPROBS_KEY = "token_logprobs"
 _REMOVED = "<removed>"
-# For bytes that are not valid JSON: a token_logprobs array, closed or cut off at the end of the record.
-_LOGPROBS_SPAN = re.compile(rb'"token_logprobs"\s*:\s*(\[[^\]]*\]?|[^,}]*)', re.DOTALL)
+_REPLACEMENT = b'"token_logprobs":"<removed>"'
+# For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): every
+# `"<key>":` whose key decodes to token_logprobs (escapes included), found at every quote so that a key
+# hidden inside another key's malformed value is found too.
+_KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,64})"\s*:\s*))', re.DOTALL)
+_STRUCTURE = re.compile(rb'["\\\[\]{},]')
+_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +63,65 @@ def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
     """The record as stored in the DLQ: every `token_logprobs` value replaced, at most `max_bytes` long."""
     try:
         stripped = orjson.dumps(_strip(orjson.loads(raw)))
-    except orjson.JSONDecodeError:
-        # Not JSON (or JSON with NaN/Infinity, which orjson rejects): cut the arrays out textually. A key
-        # left open at the end of a truncated record takes the rest of the record with it.
-        stripped = _LOGPROBS_SPAN.sub(b'"token_logprobs":"' + _REMOVED.encode() + b'"', raw)
-        if b"token_logprobs" in stripped.replace(b'"token_logprobs":"<removed>"', b""):
-            stripped = stripped[: stripped.find(b"token_logprobs")] + b"<removed>"
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
+        # Not JSON, JSON with NaN / Infinity (which orjson rejects), or nested deeper than orjson writes
+        # (254 levels) or this module recurses: cut the values out textually.
+        stripped = _strip_text(raw)
     return stripped[:max_bytes]
+
+
+def _strip_text(raw: bytes) -> bytes:
+    """Every token_logprobs key with its value replaced; any other mention cuts the rest of the record."""
+    spans: list[tuple[int, int, bytes]] = []
+    for match in _KEY.finditer(raw):
+        try:
+            key = json.loads(b'"' + match.group(2) + b'"')
+        except ValueError:
+            continue
+        if key == LOGPROBS_KEY:
+            start = match.start()
+            spans.append((start, _value_end(raw, start + len(match.group(1))), _REPLACEMENT))
+    for mention in re.finditer(LOGPROBS_KEY.encode(), raw):
+        if not any(start <= mention.start() < end for start, end, _ in spans):
+            spans.append((mention.start(), len(raw), _REMOVED.encode()))
+    parts, last = [], 0
+    for start, end, replacement in sorted(spans):
+        if start >= last:
+            parts += [raw[last:start], replacement]
+        last = max(last, end)
+    parts.append(raw[last:])
+    return b"".join(parts)
+
+
+def _value_end(raw: bytes, start: int) -> int:
+    """Where the JSON-like value at `start` ends: after its closing bracket (brackets inside strings do not
+    count) or closing quote, or at the `,` `]` `}` after a bare scalar; a value never closed runs to the end.
+    """
+    depth, in_string, i = 0, False, start
+    while (match := _STRUCTURE.search(raw, i)) is not None:
+        i = match.start()
+        char = raw[i]
+        if in_string:
+            if char == _BACKSLASH:
+                i += 1  # skip the escaped character
+            elif char == _QUOTE:
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif char == _QUOTE:
+            in_string = True
+        elif char in b"[{":
+            depth += 1
+        elif char in b"]}":
+            if depth == 0:
+                return i
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif char == _COMMA and depth == 0:
+            return i
+        i += 1
+    return len(raw)
 
 
 def connect_headers(letter: DeadLetter, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

@@ -50,6 +50,7 @@ class Metrics(NamedTuple):
     composite_blocked: Counter
     agent_success_rate: Gauge
     processing_latency: Histogram
+    table_keys: Gauge
     labels: LabelCap
 
 
@@ -146,6 +147,12 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
             "Producer timestamp of the input to the send of its output",
             ("event_type",),
             buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        table_keys=Gauge(
+            "confidence_table_keys",
+            "Keys held in each state table on this worker, as of the last expiry sweep",
+            ("table",),
             registry=registry,
         ),
         labels=LabelCap(label_cap),

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from streams.events import LlmResponse
-from streams.scoring.claim_graph import ClaimArrived, PeerUpdate
+from streams.scoring.claim_graph import ClaimArrived
 from streams.scoring.evidence import EvidenceState
 from streams.scoring.heuristic import Component, HeuristicResult
 from streams.scoring.synthesis import TraceClaim
@@ -89,12 +88,9 @@ class AgentHistory(BaseModel):
 
 
 class ClaimMessage(BaseModel):
-    """Envelope on the claims topic: a claim's own input, or a neighbour's update."""
+    """A CLAIM input on its way to the claim stage (keyed by tenant): the claim as the graph keeps it."""
 
     model_config = ConfigDict(frozen=True)
-    kind: Literal["arrived", "peer"]
     tenant_id: str
-    recipient: str = Field(description="The claim id this message is for (the record key's claim id).")
-    arrived: ClaimArrived | None = None
-    peer: PeerUpdate | None = None
-    received_at: float
+    arrived: ClaimArrived
+    received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")

@@ -1,25 +1,30 @@
-"""Creates the service's topics: input (short retention), outputs, DLQ and the internal repartition topics.
+"""The service's topics: create what is missing, and check partition counts before a worker consumes.
 
 The input topic carries raw token logprobs, the one place they ever touch disk, so it gets a short
 retention (`INPUT_RETENTION_MS`, default one hour): long enough to replay a worker outage, short enough
-that logprobs do not accumulate.
+that logprobs do not accumulate. Changelog topics are compacted, as Faust would create them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.config import Settings
 
-__all__ = ["create_topics", "topic_specs"]
+__all__ = ["PartitionMismatch", "create_topics", "ensure_topics", "topic_specs"]
 
 log = logging.getLogger(__name__)
 
 
-def topic_specs(settings: Settings) -> list[NewTopic]:
+class PartitionMismatch(RuntimeError):
+    """A topic the worker reads exists with another partition count than TOPIC_PARTITIONS."""
+
+
+def topic_specs(settings: Settings, changelogs: Iterable[str] = ()) -> list[NewTopic]:
     """Every topic the service reads or writes, with its partitions and configs."""
     partitions, replication = settings.topic_partitions, settings.topic_replication_factor
     specs = [
@@ -36,24 +41,66 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         settings.claims_topic,
     ):
         specs.append(NewTopic(name, partitions, replication))
+    for name in changelogs:
+        specs.append(NewTopic(name, partitions, replication, topic_configs={"cleanup.policy": "compact"}))
     return specs
 
 
-async def create_topics(settings: Settings) -> list[str]:
+def co_partitioned(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
+    """Topics whose partition count must equal TOPIC_PARTITIONS: inputs, internal topics, changelogs.
+
+    Stage state is co-partitioned with the topic it consumes, so a different count would send a key's
+    state and its events to different workers. Output topics may have any count.
+    """
+    return [*settings.input_topic_names, settings.responses_topic, settings.claims_topic, *changelogs]
+
+
+async def create_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
     """Create the missing topics; return the names created (existing ones are left as they are)."""
+    created, _ = await _create_missing(settings, list(changelogs))
+    log.info("topics created: %s", ", ".join(created) or "none (all existed)")
+    return created
+
+
+async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
+    """Before a worker consumes: create what is missing, then check partition counts.
+
+    Raises `PartitionMismatch` naming the topic and both counts; returns the names created.
+    """
+    changelogs = list(changelogs)
+    created, partitions = await _create_missing(settings, changelogs)
+    for name in co_partitioned(settings, changelogs):
+        found = partitions.get(name)
+        if found is not None and found != settings.topic_partitions:
+            raise PartitionMismatch(
+                f"topic {name} has {found} partitions but TOPIC_PARTITIONS={settings.topic_partitions}: "
+                "make them equal (recreate the topic or set TOPIC_PARTITIONS)"
+            )
+    if created:
+        log.info("created missing topics: %s", ", ".join(created))
+    return created
+
+
+async def _create_missing(settings: Settings, changelogs: list[str]) -> tuple[list[str], dict[str, int]]:
+    """Create missing topics; return (created names, partition count of every topic that existed)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     created: list[str] = []
     try:
-        existing = set(await admin.list_topics())
-        missing = [spec for spec in topic_specs(settings) if spec.name not in existing]
-        for spec in missing:
+        specs = topic_specs(settings, changelogs)
+        # List first: a metadata request for a missing topic auto-creates it on brokers that allow
+        # auto-creation (Tansu does), with default partitions and no retention setting.
+        names = set(await admin.list_topics())
+        for spec in specs:
+            if spec.name in names:
+                continue
             try:
                 await admin.create_topics([spec])
                 created.append(spec.name)
             except TopicAlreadyExistsError:
                 pass
+        described = await admin.describe_topics([s.name for s in specs if s.name in names])
+        existing = {t["topic"]: len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
     finally:
         await admin.close()
-    log.info("topics created: %s", ", ".join(created) or "none (all existed)")
-    return created
+    return created, existing

@@ -86,8 +86,26 @@ def attach_views(svc: Service) -> None:
 
     @app.page("/healthz")
     class HealthView(View):  # type: ignore[misc]
+        """Liveness: 503 while the worker is stopping on a failed batch or an agent crashed recently."""
+
         async def get(self, request: Request) -> Response:
-            return _json(self.web, {"status": "ok", "app_id": svc.settings.app_id})
+            alive, reason = svc.health.liveness()
+            body = {"status": "ok" if alive else "failing", "reason": reason, "app_id": svc.settings.app_id}
+            return _json(self.web, body, 200 if alive else 503)
+
+    @app.page("/readyz")
+    class ReadyView(View):  # type: ignore[misc]
+        """Readiness: alive, partitions assigned and tables recovered; 503 with the reason otherwise."""
+
+        async def get(self, request: Request) -> Response:
+            ready, reason = svc.health.readiness(app)
+            body = {
+                "status": "ready" if ready else "not_ready",
+                "reason": reason,
+                "app_id": svc.settings.app_id,
+                "assigned_partitions": len(app.consumer.assignment()) if ready else None,
+            }
+            return _json(self.web, body, 200 if ready else 503)
 
     # Faust's router cannot route by a topic object with several names, and every input topic is
     # partitioned alike (same key, same partition count), so route trace lookups by the first one.
@@ -123,19 +141,15 @@ def attach_views(svc: Service) -> None:
     @app.page("/claims/{tenant_id}/{claim_id}")
     class ClaimView(View):  # type: ignore[misc]
         async def get(self, request: Request, tenant_id: str, claim_id: str) -> Response:
-            key = table_key(tenant_id, claim_id)
             try:
-                return await app.router.route_req(svc.claims.name, key, self.web, request)
+                # A tenant's claim graph lives with its partition of the claims topic (keyed by tenant).
+                return await app.router.route_topic_req(
+                    svc.claims_topic, tenant_id.encode(), self.web, request
+                )
             except SameNode:
                 pass
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this claim yet"}, 503)
-            raw = svc.claims.get(key)
-            state = None if raw is None else claim_graph.ClaimState.model_validate_json(raw)
-            if state is None or state.definition is None:
-                return _json(self.web, {"error": "unknown claim"}, 404)
-            as_of = datetime.now(UTC)
-            interval = claim_graph.interval_at(state, as_of, svc.configs.claims)
             try:
                 filters = {
                     name: _float_param(request, name)
@@ -143,12 +157,22 @@ def attach_views(svc: Service) -> None:
                 }
             except ValueError:
                 return _json(self.web, {"error": "filters must be numbers"}, 400)
+
+            def load(other: str) -> claim_graph.ClaimNode | None:
+                raw = svc.claims.get(table_key(tenant_id, other))
+                return None if raw is None else claim_graph.ClaimNode.model_validate_json(raw)
+
+            node = load(claim_id)
+            if node is None or node.definition is None:
+                return _json(self.web, {"error": "unknown claim"}, 404)
+            as_of = datetime.now(UTC)
+            interval = claim_graph.interval_of(load, claim_id, as_of, svc.configs.claims)
             return _json(
                 self.web,
                 {
                     "tenant_id": tenant_id,
                     "claim_id": claim_id,
-                    "trace_id": state.definition.trace_id,
+                    "trace_id": node.definition.trace_id,
                     "as_of": as_of.isoformat(),
                     "matches": claim_matches(interval.lower, interval.upper, **filters),
                     "filters": {k: v for k, v in filters.items() if v is not None},
@@ -167,9 +191,12 @@ def attach_views(svc: Service) -> None:
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this agent yet"}, 503)
             try:
-                hours = _float_param(request, "hours") or 168.0
+                param = _float_param(request, "hours")
             except ValueError:
                 return _json(self.web, {"error": "hours must be a number"}, 400)
+            hours = 168.0 if param is None else param  # seed 004's default only when absent
+            if not 0 < hours < float("inf"):  # also false for NaN
+                return _json(self.web, {"error": "hours must be a positive number"}, 400)
             raw = svc.agents_history.get(key)
             if raw is None:
                 return _json(self.web, {"error": "unknown agent"}, 404)
@@ -177,8 +204,10 @@ def attach_views(svc: Service) -> None:
             newest = max((e.event_time for e in history.entries), default=datetime.now(UTC))
             threshold = svc.configs.composite.threshold_for(history.agent_type)
             # The window ends at the agent's newest event (event time), not the wall clock.
-            return _json(
-                self.web, agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold)
-            )
+            try:
+                stats = agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold)
+            except OverflowError:  # a window reaching past datetime's range
+                return _json(self.web, {"error": "hours is out of range"}, 400)
+            return _json(self.web, stats)
 
-    del MetricsView, HealthView, TraceView, ClaimView, AgentView
+    del MetricsView, HealthView, ReadyView, TraceView, ClaimView, AgentView

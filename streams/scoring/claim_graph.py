@@ -1,22 +1,27 @@
-"""The claim graph as a per-claim actor: each claim key's owner holds only that key's state.
+"""The claim graph of one tenant: a CLAIM input becomes exactly one interval per affected claim.
 
-In the service, claims are repartitioned by (tenant, claim_id). `handle(state, claim_id, message)`
-returns the new state, the CLAIM_SCOREDs to emit and the `PeerUpdate`s to send to other claim keys
-(through the same topic). A claim tells a neighbour its snapshot (steps 1-2 inputs and its effective
-interval) whenever the neighbour needs it:
-- on arrival or replacement, to every old and new relationship target and derived-from constituent,
-  and to known peers whose score uses it (they contradict it, or are derived from it);
-- on request (`want_reply`, when the sender needs the recipient's data and does not have it yet);
-- when its effective interval changes, to the claims derived from it (transitive; compared at 12
-  decimals, so cycles end).
-Unknown neighbours are ignored until they arrive; a message to an unknown claim leaves a stub that the
-claim's arrival completes. An update that changes nothing emits and sends nothing.
+The service processes a tenant's claims in sequence (DESIGN 4b "Streaming"), so this module is a pure
+function from (the graph as it is, one arriving claim X) to the new per-claim nodes and the scores to
+emit. Each claim's node holds its definition and the reverse index the graph needs: which claims
+declare an edge towards it (`incoming`) and which claims are derived from it (`derived_by`). Edges
+towards claims that have not arrived yet live in a node without a definition (a stub), so the
+target's arrival finds them.
+
+Cost follows the work: `apply_claim` loads X, the claims X's old and new versions point at, the
+claims that point at X, the derived-claim closure and the neighbours of those claims it re-scores;
+it never scans the tenant.
+
+Who depends on whom (seed 002 with DESIGN 4b):
+- "Z supports T": T's score uses Z's stale (steps 1-2) upper.
+- "Z contradicts T": both scores use the other's stale upper (one penalty per pair, the stronger).
+- "D derived from C": D's score uses C's effective interval, so D follows C transitively.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Literal, TypeVar
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,28 +37,29 @@ from streams.scoring.claims import (
 )
 
 __all__ = [
+    "SELF",
     "ClaimArrived",
     "ClaimDefinition",
+    "ClaimNode",
     "ClaimScore",
-    "ClaimState",
-    "HandleOutput",
-    "PeerInfo",
-    "PeerUpdate",
+    "ClaimUpdate",
+    "Edge",
+    "Loader",
     "Relationship",
-    "Snapshot",
-    "handle",
-    "interval_at",
+    "apply_claim",
+    "interval_of",
 ]
 
 SELF = "self"
-Edge = tuple[str, float]
+EdgeKind = Literal["supports", "contradicts"]
+Edge = tuple[EdgeKind, float]
 
 
 class Relationship(BaseModel):
     """'This claim supports / contradicts `target`'."""
 
     model_config = ConfigDict(frozen=True)
-    type: Literal["supports", "contradicts"]
+    type: EdgeKind
     target: str
     strength: float
 
@@ -75,27 +81,6 @@ class ClaimDefinition(BaseModel):
     instance_trust: float = 1.0
 
 
-class Snapshot(BaseModel):
-    """What a claim tells its neighbours."""
-
-    model_config = ConfigDict(frozen=True)
-    aggregate_lower: float
-    aggregate_upper: float
-    staleness_at: datetime | None
-    tier: Tier
-    effective_lower: float
-    effective_upper: float
-
-
-class PeerInfo(BaseModel):
-    """The latest snapshot of a neighbour and its edges towards this claim."""
-
-    model_config = ConfigDict(frozen=True)
-    snapshot: Snapshot
-    edges_to_me: tuple[Edge, ...] = ()
-    derives_from_me: bool = False
-
-
 class ClaimScore(BaseModel):
     """One CLAIM_SCORED to emit."""
 
@@ -106,20 +91,18 @@ class ClaimScore(BaseModel):
     source_event_id: str
     as_of: datetime
     cause: str
-    sequence: int = 0
     contradicted: bool
 
 
-class ClaimState(BaseModel):
-    """One claim key's state (definition None = a stub: neighbours spoke before the claim arrived)."""
+class ClaimNode(BaseModel):
+    """One (tenant, claim) key: the claim (None until it arrives) and the edges that point at it."""
 
     model_config = ConfigDict(frozen=True)
     definition: ClaimDefinition | None = None
-    peers: dict[str, PeerInfo] = {}
-    last_interval: ClaimInterval | None = None
+    incoming: dict[str, tuple[Edge, ...]] = {}  # claim id -> its supports/contradicts edges towards me
+    derived_by: tuple[str, ...] = ()  # sorted ids of the claims derived from me
     last_event_time: datetime | None = None
-    applied: dict[str, ClaimScore] = {}
-    emissions: dict[str, int] = {}  # (source event id, cause) -> scores emitted, for distinct output ids
+    applied: dict[str, ClaimScore] = {}  # my own input event ids -> my CLAIM_SCORED, for re-delivery
 
 
 class ClaimArrived(BaseModel):
@@ -131,248 +114,222 @@ class ClaimArrived(BaseModel):
     event_time: datetime
 
 
-class PeerUpdate(BaseModel):
-    """A neighbour's snapshot and its edges towards the recipient."""
+class ClaimUpdate(BaseModel):
+    """What one CLAIM input did: the nodes to write and the scores to emit (X's own first)."""
 
     model_config = ConfigDict(frozen=True)
-    sender: str
-    snapshot: Snapshot
-    edges_to_recipient: tuple[Edge, ...] = ()
-    derives_from_recipient: bool = False
-    want_reply: bool = False
-    source_event_id: str
-    event_time: datetime
-
-
-class HandleOutput(BaseModel):
-    """What one message produced."""
-
-    model_config = ConfigDict(frozen=True)
+    nodes: dict[str, ClaimNode] = {}
     scores: tuple[ClaimScore, ...] = ()
-    messages: tuple[tuple[str, PeerUpdate], ...] = ()
 
 
-def _edges_to(definition: ClaimDefinition, target: str) -> tuple[Edge, ...]:
-    if target == definition.claim_id:
-        return ()
-    return tuple((r.type, r.strength) for r in definition.relationships if r.target == target)
+Loader = Callable[[str], ClaimNode | None]
 
 
-def _needs(definition: ClaimDefinition, other: str) -> bool:
-    """Does this claim's score use `other`'s data?"""
-    return other != definition.claim_id and (
-        other in definition.derived_from
-        or any(r.type == "contradicts" and r.target == other for r in definition.relationships)
-    )
+class _Graph:
+    """The nodes this input reads and writes: loaded once each, changed copies kept apart."""
+
+    def __init__(self, load: Loader) -> None:
+        self._load = load
+        self._seen: dict[str, ClaimNode | None] = {}
+        self.changed: dict[str, ClaimNode] = {}
+
+    def get(self, claim_id: str) -> ClaimNode | None:
+        if claim_id in self.changed:
+            return self.changed[claim_id]
+        if claim_id not in self._seen:
+            self._seen[claim_id] = self._load(claim_id)
+        return self._seen[claim_id]
+
+    def definition(self, claim_id: str) -> ClaimDefinition | None:
+        node = self.get(claim_id)
+        return None if node is None else node.definition
+
+    def put(self, claim_id: str, node: ClaimNode) -> None:
+        self.changed[claim_id] = node
 
 
-def _stale_upper(snapshot: Snapshot, as_of: datetime, cfg: ClaimsConfig) -> float:
-    return snapshot.aggregate_upper * staleness_factor(snapshot.staleness_at, as_of, snapshot.tier, cfg)
+def _edges_by_target(definition: ClaimDefinition | None) -> dict[str, tuple[Edge, ...]]:
+    if definition is None:
+        return {}
+    edges: dict[str, list[Edge]] = {}
+    for r in definition.relationships:
+        if r.target != definition.claim_id:  # self-relationships are ignored (DESIGN 4b)
+            edges.setdefault(r.target, []).append((r.type, r.strength))
+    return {target: tuple(found) for target, found in edges.items()}
 
 
-def _compute(
-    definition: ClaimDefinition, peers: dict[str, PeerInfo], as_of: datetime, cfg: ClaimsConfig
+def _constituents(definition: ClaimDefinition | None) -> set[str]:
+    if definition is None:
+        return set()
+    return set(definition.derived_from) - {definition.claim_id}
+
+
+def _stale_upper(definition: ClaimDefinition, as_of: datetime, cfg: ClaimsConfig) -> float:
+    """A neighbour's contribution: its steps 1-2 upper bound (also for a derived neighbour)."""
+    _, upper, _ = aggregate(definition.provenance, cfg)
+    return upper * staleness_factor(definition.staleness_at, as_of, definition.tier, cfg)
+
+
+def _interval(
+    graph: _Graph,
+    claim_id: str,
+    as_of: datetime,
+    cfg: ClaimsConfig,
+    memo: dict[str, ClaimInterval],
+    stack: tuple[str, ...] = (),
 ) -> ClaimInterval:
+    if claim_id in memo:
+        return memo[claim_id]
+    node = graph.get(claim_id)
+    assert node is not None and node.definition is not None
+    definition = node.definition
     own = aggregate(definition.provenance, cfg)
-    me = definition.claim_id
+    # A constituent already being computed (a derived_from cycle) is skipped like an unknown one.
     constituents = [
-        (peers[c].snapshot.effective_lower, peers[c].snapshot.effective_upper)
-        for c in dict.fromkeys(definition.derived_from)
-        if c != me and c in peers
+        _interval(graph, c, as_of, cfg, memo, (*stack, claim_id))
+        for c in sorted(_constituents(definition))
+        if c not in stack and graph.definition(c) is not None
     ]
     if constituents:
-        return derived_interval(constituents, definition.assessed_upper, own)
-    supports: list[tuple[float, float]] = []
-    contradictions: list[tuple[float, float]] = []
-    for peer_id, info in sorted(peers.items()):
-        if peer_id == me:
-            continue
-        upper = _stale_upper(info.snapshot, as_of, cfg)
-        supports.extend((upper, s) for kind, s in info.edges_to_me if kind == "supports")
-        strengths = [s for kind, s in info.edges_to_me if kind == "contradicts"]
-        strengths += [
-            r.strength for r in definition.relationships if r.type == "contradicts" and r.target == peer_id
+        result = derived_interval([(i.lower, i.upper) for i in constituents], definition.assessed_upper, own)
+    else:
+        supports: list[tuple[str, float]] = []  # every support edge counts
+        strongest: dict[str, float] = {}  # one contradiction per pair, the stronger declared strength
+        for peer, edges in node.incoming.items():
+            for kind, strength in edges:
+                if kind == "supports":
+                    supports.append((peer, strength))
+                else:
+                    strongest[peer] = max(strength, strongest.get(peer, 0.0))
+        for target, edges in _edges_by_target(definition).items():
+            for kind, strength in edges:
+                if kind == "contradicts":
+                    strongest[target] = max(strength, strongest.get(target, 0.0))
+
+        def upper_of(peer: str) -> float | None:
+            peer_definition = graph.definition(peer)
+            return None if peer_definition is None else _stale_upper(peer_definition, as_of, cfg)
+
+        # Sorted by peer id, so the sums add up in the same order on every run.
+        support_terms = [
+            (upper, strength) for peer, strength in sorted(supports) if (upper := upper_of(peer)) is not None
         ]
-        if strengths:
-            contradictions.append((upper, max(strengths)))
-    staleness = staleness_factor(definition.staleness_at, as_of, definition.tier, cfg)
-    return effective_interval(
-        own[0], own[1], own[2], staleness, supports, contradictions, definition.instance_trust, cfg
-    )
+        contradiction_terms = [
+            (upper, strength)
+            for peer, strength in sorted(strongest.items())
+            if (upper := upper_of(peer)) is not None
+        ]
+        staleness = staleness_factor(definition.staleness_at, as_of, definition.tier, cfg)
+        result = effective_interval(
+            own[0],
+            own[1],
+            own[2],
+            staleness,
+            support_terms,
+            contradiction_terms,
+            definition.instance_trust,
+            cfg,
+        )
+    memo[claim_id] = result
+    return result
 
 
-def interval_at(state: ClaimState, as_of: datetime, cfg: ClaimsConfig) -> ClaimInterval:
-    """The claim re-scored at `as_of` with the neighbours it knows (the HTTP view uses the wall clock)."""
-    if state.definition is None:
-        raise ValueError("claim has not arrived")
-    return _compute(state.definition, state.peers, as_of, cfg)
+def interval_of(load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig) -> ClaimInterval:
+    """The claim's interval at `as_of` over the graph `load` reads (the HTTP view uses the wall clock)."""
+    graph = _Graph(load)
+    if graph.definition(claim_id) is None:
+        raise KeyError(claim_id)
+    return _interval(graph, claim_id, as_of, cfg, {})
 
 
-def _snapshot(definition: ClaimDefinition, interval: ClaimInterval, cfg: ClaimsConfig) -> Snapshot:
-    lower, upper, _ = aggregate(definition.provenance, cfg)
-    return Snapshot(
-        aggregate_lower=lower,
-        aggregate_upper=upper,
-        staleness_at=definition.staleness_at,
-        tier=definition.tier,
-        effective_lower=interval.lower,
-        effective_upper=interval.upper,
-    )
+def _touch(node: ClaimNode | None, when: datetime) -> ClaimNode:
+    node = node if node is not None else ClaimNode()
+    newest = when if node.last_event_time is None else max(node.last_event_time, when)
+    return node.model_copy(update={"last_event_time": newest})
 
 
-def _changed(a: ClaimInterval | None, b: ClaimInterval) -> bool:
-    return a is None or round(a.lower, 12) != round(b.lower, 12) or round(a.upper, 12) != round(b.upper, 12)
-
-
-V = TypeVar("V")
-
-
-def _bounded(items: dict[str, V], limit: int) -> dict[str, V]:
-    if len(items) <= limit:
-        return items
-    return dict(list(items.items())[-limit:])
-
-
-def _score(
-    state: ClaimState,
-    interval: ClaimInterval,
-    source_event_id: str,
-    as_of: datetime,
-    cause: str,
-    cfg: ClaimsConfig,
-) -> tuple[ClaimScore, dict[str, int]]:
-    assert state.definition is not None
-    slot = f"{source_event_id}\x1f{cause}"
-    sequence = state.emissions.get(slot, 0)
-    score = ClaimScore(
-        claim_id=state.definition.claim_id,
-        trace_id=state.definition.trace_id,
-        interval=interval,
-        source_event_id=source_event_id,
-        as_of=as_of,
-        cause=cause,
-        sequence=sequence,
-        contradicted=interval.factors.contradiction_penalty < 1.0,
-    )
-    emissions = {k: v for k, v in state.emissions.items() if k != slot}
-    emissions[slot] = sequence + 1
-    return score, _bounded(emissions, cfg.max_remembered_events)
-
-
-def _update_for(
-    definition: ClaimDefinition,
-    snapshot: Snapshot,
-    recipient: str,
-    want_reply: bool,
-    source: str,
-    when: datetime,
-) -> tuple[str, PeerUpdate]:
-    return recipient, PeerUpdate(
-        sender=definition.claim_id,
-        snapshot=snapshot,
-        edges_to_recipient=_edges_to(definition, recipient),
-        derives_from_recipient=recipient in definition.derived_from,
-        want_reply=want_reply,
-        source_event_id=source,
-        event_time=when,
-    )
-
-
-def _arrived(state: ClaimState, message: ClaimArrived, cfg: ClaimsConfig) -> tuple[ClaimState, HandleOutput]:
-    remembered = state.applied.get(message.source_event_id)
-    if remembered is not None:
-        return state, HandleOutput(scores=(remembered,))
-    old, new = state.definition, message.definition
-    interval = _compute(new, state.peers, message.event_time, cfg)
-    staged = state.model_copy(update={"definition": new})
-    score, emissions = _score(staged, interval, message.source_event_id, message.event_time, SELF, cfg)
-    snapshot = _snapshot(new, interval, cfg)
+def _reindex(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition, when: datetime) -> None:
+    """Point the reverse index of every old and new neighbour at X's new version."""
     me = new.claim_id
-    recipients: set[str] = {r.target for r in new.relationships} | set(new.derived_from)
-    if old is not None:
-        recipients |= {r.target for r in old.relationships} | set(old.derived_from)
-    recipients |= {
-        peer
-        for peer, info in state.peers.items()
-        if info.derives_from_me or any(kind == "contradicts" for kind, _ in info.edges_to_me)
-    }
-    recipients.discard(me)
-    messages = tuple(
-        _update_for(
-            new,
-            snapshot,
-            r,
-            _needs(new, r) and r not in state.peers,
-            message.source_event_id,
-            message.event_time,
+    old_edges, new_edges = _edges_by_target(old), _edges_by_target(new)
+    for target in sorted(old_edges.keys() | new_edges.keys()):
+        if old_edges.get(target) == new_edges.get(target):
+            continue
+        node = _touch(graph.get(target), when)
+        incoming = {k: v for k, v in node.incoming.items() if k != me}
+        if target in new_edges:
+            incoming[me] = new_edges[target]
+        graph.put(target, node.model_copy(update={"incoming": incoming}))
+    old_parts, new_parts = _constituents(old), _constituents(new)
+    for part in sorted(old_parts ^ new_parts):
+        node = _touch(graph.get(part), when)
+        derived_by = set(node.derived_by) - {me}
+        if part in new_parts:
+            derived_by.add(me)
+        graph.put(part, node.model_copy(update={"derived_by": tuple(sorted(derived_by))}))
+
+
+def _affected(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition) -> list[str]:
+    """X, every claim whose score uses X (old or new version), and the derived closure of them all."""
+    me = new.claim_id
+    node = graph.get(me)
+    assert node is not None
+    direct = {me} | _edges_by_target(old).keys() | _edges_by_target(new).keys()
+    direct |= {peer for peer, edges in node.incoming.items() if any(k == "contradicts" for k, _ in edges)}
+    seen: set[str] = set()
+    frontier = sorted(direct)
+    while frontier:
+        claim_id = frontier.pop()
+        if claim_id in seen:
+            continue
+        seen.add(claim_id)
+        current = graph.get(claim_id)
+        if current is not None:
+            frontier.extend(d for d in current.derived_by if d not in seen)
+    # X first, then the others in id order; claims that have not arrived are not scored.
+    others = sorted(c for c in seen - {me} if graph.definition(c) is not None)
+    return [me, *others]
+
+
+def _bounded(items: dict[str, ClaimScore], limit: int) -> dict[str, ClaimScore]:
+    return items if len(items) <= limit else dict(list(items.items())[-limit:])
+
+
+def apply_claim(load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig) -> ClaimUpdate:
+    """Apply claim X to the graph: X's interval and every dependent's, all as of X's event time.
+
+    A re-delivered input (its event id already applied to X) returns X's remembered score and no
+    node changes (DESIGN 4b: a re-delivered CLAIM re-emits its own CLAIM_SCORED only).
+    """
+    graph = _Graph(load)
+    new = arrived.definition
+    me, when = new.claim_id, arrived.event_time
+    current = graph.get(me)
+    if current is not None and arrived.source_event_id in current.applied:
+        return ClaimUpdate(scores=(current.applied[arrived.source_event_id],))
+    old = None if current is None else current.definition
+    graph.put(me, _touch(current, when).model_copy(update={"definition": new}))
+    _reindex(graph, old, new, when)
+
+    memo: dict[str, ClaimInterval] = {}
+    scores = []
+    for claim_id in _affected(graph, old, new):
+        definition = graph.definition(claim_id)
+        assert definition is not None
+        interval = _interval(graph, claim_id, when, cfg, memo)
+        scores.append(
+            ClaimScore(
+                claim_id=claim_id,
+                trace_id=definition.trace_id,
+                interval=interval,
+                source_event_id=arrived.source_event_id,
+                as_of=when,
+                cause=SELF if claim_id == me else me,
+                contradicted=interval.factors.contradiction_penalty < 1.0,
+            )
         )
-        for r in sorted(recipients)
-    )
-    applied = _bounded({**state.applied, message.source_event_id: score}, cfg.max_remembered_events)
-    new_state = staged.model_copy(
-        update={
-            "last_interval": interval,
-            "last_event_time": message.event_time,
-            "applied": applied,
-            "emissions": emissions,
-        }
-    )
-    return new_state, HandleOutput(scores=(score,), messages=messages)
-
-
-def _peer(
-    state: ClaimState, claim_id: str, message: PeerUpdate, cfg: ClaimsConfig
-) -> tuple[ClaimState, HandleOutput]:
-    sender = message.sender
-    if sender == claim_id:
-        return state, HandleOutput()
-    old_info = state.peers.get(sender)
-    info = PeerInfo(
-        snapshot=message.snapshot,
-        edges_to_me=message.edges_to_recipient,
-        derives_from_me=message.derives_from_recipient,
-    )
-    peers = {**state.peers, sender: info}
-    state = state.model_copy(update={"peers": peers})
-    definition = state.definition
-    if definition is None:
-        # A stub still ages by the event time of what it heard, so a target that never arrives expires.
-        heard_at = max(filter(None, (state.last_event_time, message.event_time)))
-        return state.model_copy(update={"last_event_time": heard_at}), HandleOutput()
-    scores: tuple[ClaimScore, ...] = ()
-    messages: list[tuple[str, PeerUpdate]] = []
-    interval = state.last_interval
-    uses_sender = (
-        bool(info.edges_to_me) or bool(old_info and old_info.edges_to_me) or _needs(definition, sender)
-    )
-    if info != old_info and uses_sender:
-        interval = _compute(definition, peers, message.event_time, cfg)
-        score, emissions = _score(state, interval, message.source_event_id, message.event_time, sender, cfg)
-        scores = (score,)
-        previous = state.last_interval
-        state = state.model_copy(
-            update={"last_interval": interval, "last_event_time": message.event_time, "emissions": emissions}
-        )
-        if _changed(previous, interval):
-            snapshot = _snapshot(definition, interval, cfg)
-            messages += [
-                _update_for(definition, snapshot, peer, False, message.source_event_id, message.event_time)
-                for peer, peer_info in sorted(peers.items())
-                if peer_info.derives_from_me and peer != sender
-            ]
-    if message.want_reply and interval is not None:
-        snapshot = _snapshot(definition, interval, cfg)
-        messages.append(
-            _update_for(definition, snapshot, sender, False, message.source_event_id, message.event_time)
-        )
-    return state, HandleOutput(scores=scores, messages=tuple(messages))
-
-
-def handle(
-    state: ClaimState | None, claim_id: str, message: ClaimArrived | PeerUpdate, cfg: ClaimsConfig
-) -> tuple[ClaimState, HandleOutput]:
-    """Apply one message to one claim key's state."""
-    current = state if state is not None else ClaimState()
-    if isinstance(message, ClaimArrived):
-        return _arrived(current, message, cfg)
-    return _peer(current, claim_id, message, cfg)
+    node = graph.get(me)
+    assert node is not None
+    applied = _bounded({**node.applied, arrived.source_event_id: scores[0]}, cfg.max_remembered_events)
+    graph.put(me, node.model_copy(update={"applied": applied}))
+    return ClaimUpdate(nodes=graph.changed, scores=tuple(scores))

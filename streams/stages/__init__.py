@@ -3,7 +3,7 @@
 Stage 1 (`TraceStage`, input topics keyed by trace): decode, dead-letter, evidence, synthesis, and
 forwarding of responses (to the agent-history stage) and claims (to the claim stage), without logprobs.
 Stage 2 (`AgentStage`, keyed by tenant + agent): composite with agent history -> RESPONSE_SCORED.
-Stage 3 (`ClaimStage`, keyed by tenant + claim id): the claim graph -> CLAIM_SCORED.
+Stage 3 (`ClaimStage`, keyed by tenant): each tenant's claim graph, in sequence -> CLAIM_SCORED.
 Each stage returns `Record`s for the agent to send; the agent owns tables and the producer.
 """
 

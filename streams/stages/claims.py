@@ -1,28 +1,57 @@
-"""Stage 3, keyed by (tenant, claim_id): the claim graph -> CLAIM_SCORED and neighbour messages."""
+"""Stage 3, keyed by tenant: each tenant's claim graph, one CLAIM input at a time -> CLAIM_SCORED."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import orjson
+from aiokafka.partitioner import murmur2
+
 from streams.config import ScoringConfigs, Settings
-from streams.events import (
-    ClaimScored,
-)
+from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
 from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
-from streams.state import (
-    ClaimMessage,
-    table_key,
-)
+from streams.state import ClaimMessage, table_key
 
-__all__ = ["ClaimStage"]
+__all__ = ["ClaimStage", "ClaimWrite", "claim_message", "tenant_partition"]
+
+
+def tenant_partition(tenant_id: str, partitions: int) -> int:
+    """The claims topic partition of a tenant: Kafka's default partitioner (murmur2) on the tenant key.
+
+    Computed here rather than left to the producer, because the claims table writes its changelog
+    records to the same partition (state follows the tenant) and Faust's router uses the same hash.
+    """
+    return (murmur2(tenant_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def claim_message(
+    settings: Settings, tenant_id: str, arrived: claim_graph.ClaimArrived, received_at: float
+) -> Record:
+    """The record that carries a CLAIM input from stage 1 to the claim stage (key and partition: tenant)."""
+    value = ClaimMessage(tenant_id=tenant_id, arrived=arrived, received_at=received_at)
+    return Record(
+        settings.claims_topic,
+        tenant_id.encode(),
+        value.model_dump_json().encode(),
+        partition=tenant_partition(tenant_id, settings.topic_partitions),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWrite:
+    """A claim node to write to the table, and the changelog partition it belongs to (its tenant's)."""
+
+    node: claim_graph.ClaimNode
+    partition: int
 
 
 class ClaimStage:
-    """Stage 3: the claim graph, keyed by (tenant, claim_id)."""
+    """Stage 3: the claim graph of each tenant, processed in sequence (DESIGN 4b "Streaming")."""
 
     def __init__(self, settings: Settings, configs: ScoringConfigs, metrics: Metrics) -> None:
         self.settings = settings
@@ -31,11 +60,11 @@ class ClaimStage:
         self.newest_event_time: datetime | None = None
 
     def process(
-        self, records: list[InputRecord], load: Callable[[bytes], claim_graph.ClaimState | None]
-    ) -> tuple[list[Record], dict[bytes, claim_graph.ClaimState]]:
-        """Process a batch in order; return records to send and the claim states to write (once each)."""
+        self, records: list[InputRecord], load: Callable[[bytes], claim_graph.ClaimNode | None]
+    ) -> tuple[list[Record], dict[bytes, ClaimWrite]]:
+        """Process a batch in order; return records to send and the claim nodes to write (once each)."""
         out = Outputs(self.settings, self.metrics)
-        dirty: dict[bytes, claim_graph.ClaimState] = {}
+        dirty: dict[bytes, ClaimWrite] = {}
         for record in records:
             out.guarded(record, "claim stage", lambda r: self._one(r, load, dirty, out))
         return out.records, dirty
@@ -43,60 +72,48 @@ class ClaimStage:
     def _one(
         self,
         record: InputRecord,
-        load: Callable[[bytes], claim_graph.ClaimState | None],
-        dirty: dict[bytes, claim_graph.ClaimState],
+        load: Callable[[bytes], claim_graph.ClaimNode | None],
+        dirty: dict[bytes, ClaimWrite],
         out: Outputs,
     ) -> None:
-        envelope = ClaimMessage.model_validate_json(record.value or b"")
-        message: claim_graph.ClaimArrived | claim_graph.PeerUpdate | None = (
-            envelope.arrived if envelope.kind == "arrived" else envelope.peer
-        )
-        assert message is not None
-        claim_id = envelope.recipient
-        key = table_key(envelope.tenant_id, claim_id)
-        state = dirty.get(key) or load(key)
-        new_state, result = claim_graph.handle(state, claim_id, message, self.configs.claims)
-        dirty[key] = new_state
-        if self.newest_event_time is None or message.event_time > self.newest_event_time:
-            self.newest_event_time = message.event_time
-        for score in result.scores:
-            self._emit(envelope, score, out)
-        for recipient, update in result.messages:
-            forward = ClaimMessage(
-                kind="peer",
-                tenant_id=envelope.tenant_id,
-                recipient=recipient,
-                peer=update,
-                received_at=envelope.received_at,
-            )
-            recipient_key = table_key(envelope.tenant_id, recipient)
-            out.records.append(
-                Record(self.settings.claims_topic, recipient_key, forward.model_dump_json().encode())
-            )
+        message = ClaimMessage.model_validate_json(record.value or b"")
+        tenant = message.tenant_id
 
-    def _emit(self, envelope: ClaimMessage, score: claim_graph.ClaimScore, out: Outputs) -> None:
+        def load_claim(claim_id: str) -> claim_graph.ClaimNode | None:
+            key = table_key(tenant, claim_id)
+            write = dirty.get(key)
+            return write.node if write is not None else load(key)
+
+        update = claim_graph.apply_claim(load_claim, message.arrived, self.configs.claims)
+        for claim_id, node in update.nodes.items():
+            dirty[table_key(tenant, claim_id)] = ClaimWrite(node, record.partition)
+        event_time = message.arrived.event_time
+        if self.newest_event_time is None or event_time > self.newest_event_time:
+            self.newest_event_time = event_time
+        for score in update.scores:
+            self._emit(tenant, score, message.received_at, out)
+
+    def _emit(self, tenant: str, score: claim_graph.ClaimScore, received_at: float, out: Outputs) -> None:
         output = ClaimScored(
-            event_id=output_event_id(
-                "CLAIM_SCORED",
-                score.source_event_id,
-                envelope.tenant_id,
-                score.claim_id,
-                score.cause,
-                str(score.sequence),
-            ),
+            event_id=output_event_id("CLAIM_SCORED", score.source_event_id, tenant, score.claim_id),
             source_event_id=score.source_event_id,
             trace_id=score.trace_id,
-            tenant_id=envelope.tenant_id,
+            tenant_id=tenant,
             scored_at=now(),
             claim_id=score.claim_id,
             interval=score.interval,
             as_of=score.as_of,
             cause=score.cause,
         ).model_dump(mode="json")
-        out.emit(output, score.trace_id.encode(), is_flagged(output), envelope.received_at)
+        out.emit(output, score.trace_id.encode(), is_flagged(output), received_at)
 
-    def expired(self, state: claim_graph.ClaimState) -> bool:
-        """Claims live `claim_ttl_days` of event time after their last update."""
-        if self.newest_event_time is None or state.last_event_time is None:
+    def partition_of(self, key: bytes) -> int:
+        """The changelog partition of a claims table key ([tenant, claim_id]): its tenant's."""
+        tenant = orjson.loads(key)[0]
+        return tenant_partition(str(tenant), self.settings.topic_partitions)
+
+    def expired(self, node: claim_graph.ClaimNode) -> bool:
+        """Claims (and stubs) live `claim_ttl_days` of event time after their last update."""
+        if self.newest_event_time is None or node.last_event_time is None:
             return False
-        return self.newest_event_time - state.last_event_time > timedelta(days=self.settings.claim_ttl_days)
+        return self.newest_event_time - node.last_event_time > timedelta(days=self.settings.claim_ttl_days)

@@ -46,6 +46,7 @@ class Record:
     key: bytes
     value: bytes
     headers: list[tuple[str, bytes]] | None = None
+    partition: int | None = None  # None: Kafka's default partitioner on the key
 
 
 def now() -> datetime:

@@ -18,6 +18,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
+from streams.stages.claims import claim_message
 from streams.stages.common import (
     InputRecord,
     Outputs,
@@ -28,7 +29,6 @@ from streams.stages.common import (
     without_scored_at,
 )
 from streams.state import (
-    ClaimMessage,
     PendingResponse,
     SubCallRecord,
     TraceState,
@@ -236,19 +236,10 @@ class TraceStage:
         return state, []
 
     def _send_claim(self, event: ClaimEvent, record: InputRecord, out: Outputs) -> None:
-        message = ClaimMessage(
-            kind="arrived",
-            tenant_id=event.tenant_id,
-            recipient=event.claim_id,
-            arrived=claim_graph.ClaimArrived(
-                definition=claim_definition(event),
-                source_event_id=event.event_id,
-                event_time=event.timestamp,
-            ),
-            received_at=record.timestamp,
+        arrived = claim_graph.ClaimArrived(
+            definition=claim_definition(event), source_event_id=event.event_id, event_time=event.timestamp
         )
-        key = table_key(event.tenant_id, event.claim_id)
-        out.records.append(Record(self.settings.claims_topic, key, message.model_dump_json().encode()))
+        out.records.append(claim_message(self.settings, event.tenant_id, arrived, record.timestamp))
 
     def _forward(
         self,

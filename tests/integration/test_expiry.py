@@ -20,29 +20,42 @@ def _status(port: int, path: str) -> int:
         return int(err.code)
 
 
+def _wait_for_status(port: int, path: str, status: int, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while _status(port, path) != status:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
 def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=1, TRACE_TTL_HOURS="1", SWEEP_INTERVAL_SECONDS="0.5")
     d.start_worker()
     try:
         f = EventFactory(tenant="ttl")
+        # A marker trace 40 minutes older than the old one: still within the TTL while the newest event
+        # is the old trace's (minute 0), idle past it once the newest is minute 30.
+        marker = f.tool("marker-trace", "find", "x", minutes=-40)
         old = f.tool("old-trace", "find", "x", minutes=0)
-        d.produce([old])
+        d.produce([marker, old])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {old["event_id"]}))
         port = d.web_ports[0]
         assert _status(port, "/traces/ttl/old-trace") == 200
-        # Thirty minutes later in event time: still within the TTL.
+        assert _status(port, "/traces/ttl/marker-trace") == 200
+        # Thirty minutes later in event time: the old trace (idle 30 min) is still within the TTL. The
+        # marker (idle 70 min) disappearing proves a sweep ran after this event was seen, so the old
+        # trace's survival below is that sweep's decision, not a sweep that has not happened yet.
         recent = f.tool("busy-trace", "find", "x", minutes=30)
         d.produce([recent])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {recent["event_id"]}))
+        _wait_for_status(port, "/traces/ttl/marker-trace", 404, "the marker trace was never swept")
+        assert "swept 1 expired traces" in d.log_text()
         assert _status(port, "/traces/ttl/old-trace") == 200
+        assert _status(port, "/traces/ttl/busy-trace") == 200
         # Two hours later in event time: the old trace is idle past the 1 h TTL and gets swept.
         later = f.tool("busy-trace", "read", "x.py", minutes=120)
         d.produce([later])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {later["event_id"]}))
-        deadline = time.monotonic() + 30
-        while _status(port, "/traces/ttl/old-trace") != 404:
-            assert time.monotonic() < deadline, "idle trace was never swept"
-            time.sleep(0.2)
+        _wait_for_status(port, "/traces/ttl/old-trace", 404, "idle trace was never swept")
         assert _status(port, "/traces/ttl/busy-trace") == 200
     finally:
         d.stop()

@@ -77,11 +77,36 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
     first = _latest(outputs, "TRACE_SCORED", source_event_id=cases["ev-same"][0]["event_id"])
     assert round(first["score"], 3) == 0.650 and first["band"] == "adequate"
 
+    # The view as stored after the trace's last event, every field. By hand (DESIGN 4): find and grep both
+    # found "MemoryManager" -> search 0.80; two files read, both matching it (fewer than 3) -> read 0.80;
+    # weights 3.0 and 2.5 over 5.5; base 0.80; read and search converge on the first read (anchor order
+    # read, search, ...) -> bonus 0.10 + 0.05; final 0.80 + 0.15 x (1 - 0.80) = 0.83.
     status, view = _get(deployment, "/traces/t1/ev-strong")
     assert status == 200
-    assert round(view["evidence"]["score"], 3) == 0.830
-    assert view["trace_id"] == "ev-strong"
-    assert _get(deployment, "/traces/t1/no-such-trace")[0] == 404
+    assert view == {
+        "tenant_id": "t1",
+        "trace_id": "ev-strong",
+        "last_event_time": "2026-11-22T12:00:00+00:00",
+        "evidence": {
+            "score": pytest.approx(0.83, abs=1e-12),
+            "base": pytest.approx(0.80, abs=1e-12),
+            "band": "strong",
+            "categories": {"read": 0.80, "search": 0.80},
+            "weights": {"read": pytest.approx(3.0 / 5.5, abs=1e-12), "search": pytest.approx(2.5 / 5.5, abs=1e-12)},
+            "convergence": {
+                "categories": ["read", "search"],
+                "count": 2,
+                "bonus": pytest.approx(0.15, abs=1e-12),
+                "target": "src/memorymanager.h",
+            },
+            "recovery_recommended": False,
+            "should_stop": False,
+            "recovery_attempts": 0,
+        },
+        "sub_calls": [],
+        "claims": [],
+    }
+    assert _get(deployment, "/traces/t1/no-such-trace") == (404, {"error": "unknown trace"})
 
 
 def test_claims_across_traces_contradiction_staleness_and_derived(deployment: Deployment) -> None:
@@ -197,13 +222,49 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
     flagged_ids = {o["source_event_id"] for o in deployment.outputs(records, s.flagged_topic)}
     assert events[2]["event_id"] in flagged_ids and events[0]["event_id"] not in flagged_ids
 
-    status, stats = _get(deployment, "/agents/history-tenant/patcher-x?hours=168")
-    assert status == 200
-    assert stats["total_executions"] == 4
-    assert stats["success_rate"] == 0.5
-    assert stats["blocked_count"] == 2
-    assert stats["threshold"] == 0.8
-    assert round(stats["average_confidence"], 6) == round(sum(o["composite"]["score"] for o in out) / 4, 6)
+    # Every field of seed 004's statistics. Composite scores by hand: 0.9, 1.0, 0.6 (above) and the fourth,
+    # with history 2/3: (0.2 x 0.2 + 2/3 x 0.2) / 0.4 = 13/30; threshold met by the first two only.
+    whole = {
+        "tenant_id": "history-tenant",
+        "agent_name": "patcher-x",
+        "agent_type": "Patcher",
+        "lookback_hours": 168.0,
+        "total_executions": 4,
+        "success_rate": 0.5,
+        "average_confidence": pytest.approx((0.9 + 1.0 + 0.6 + 13 / 30) / 4, abs=1e-12),  # 0.7333
+        "blocked_count": 2,
+        "threshold": 0.8,
+    }
+    assert _get(deployment, "/agents/history-tenant/patcher-x?hours=168") == (200, whole)
+    assert _get(deployment, "/agents/history-tenant/patcher-x") == (200, whole)  # default 168
+    # 0.05 h = 3 min back from the newest event (minute 3): minutes 1, 2 and 3 are in, minute 0 is out.
+    assert _get(deployment, "/agents/history-tenant/patcher-x?hours=0.05") == (
+        200,
+        {
+            **whole,
+            "lookback_hours": 0.05,
+            "total_executions": 3,
+            "success_rate": pytest.approx(1 / 3, abs=1e-12),
+            "average_confidence": pytest.approx((1.0 + 0.6 + 13 / 30) / 3, abs=1e-12),  # 0.6778
+            "blocked_count": 2,
+        },
+    )
+    # A window that is not a positive number is a client error, never a silent 168.
+    for bad in ("0", "-1", "-0.5", "nan", "inf"):
+        assert _get(deployment, f"/agents/history-tenant/patcher-x?hours={bad}") == (
+            400,
+            {"error": "hours must be a positive number"},
+        ), bad
+    for bad in ("abc", ""):
+        assert _get(deployment, f"/agents/history-tenant/patcher-x?hours={bad}") == (
+            400,
+            {"error": "hours must be a number"},
+        ), bad
+    assert _get(deployment, "/agents/history-tenant/patcher-x?hours=1e300") == (
+        400,
+        {"error": "hours is out of range"},
+    )
+    assert _get(deployment, "/agents/history-tenant/nobody") == (404, {"error": "unknown agent"})
 
 
 def test_metrics_and_health(deployment: Deployment) -> None:

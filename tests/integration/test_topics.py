@@ -64,7 +64,7 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         f"flagged-{suffix}",
         f"dlq-{suffix}",
         f"topics-{suffix}-responses-by-agent",
-        f"topics-{suffix}-claims-by-id",
+        f"topics-{suffix}-claims-by-tenant",
     ):
         partitions, configs = asyncio.run(_describe(kafka.bootstrap_servers, topic))
         assert partitions == 3

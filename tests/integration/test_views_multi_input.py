@@ -6,6 +6,8 @@ import asyncio
 import json
 import urllib.request
 
+import pytest
+
 from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
@@ -28,5 +30,30 @@ def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
             view = json.loads(response.read())
     finally:
         d.stop()
-    assert view["trace_id"] == "multi-1"
-    assert view["evidence"]["categories"] == {"search": 0.65, "read": 0.80}  # one file read: 0.80 (DESIGN 4)
+    # Both events applied, whichever topic they came from. By hand (DESIGN 4): find with results -> search
+    # 0.65; one file read with search results -> read 0.80; base (0.80 x 3.0 + 0.65 x 2.5) / 5.5
+    # = 4.025 / 5.5 = 0.731818...; read and search converge on src/widget.h -> bonus 0.10 + 0.05;
+    # final 0.731818 + 0.15 x 0.268182 = 0.772045... (strong).
+    assert view == {
+        "tenant_id": "multi",
+        "trace_id": "multi-1",
+        "last_event_time": "2026-11-22T12:01:00+00:00",  # the read, one minute after the find
+        "evidence": {
+            "score": pytest.approx(0.772045454545, abs=1e-12),
+            "base": pytest.approx(0.731818181818, abs=1e-12),
+            "band": "strong",
+            "categories": {"search": 0.65, "read": 0.80},
+            "weights": {"read": pytest.approx(3.0 / 5.5, abs=1e-12), "search": pytest.approx(2.5 / 5.5, abs=1e-12)},
+            "convergence": {
+                "categories": ["read", "search"],
+                "count": 2,
+                "bonus": pytest.approx(0.15, abs=1e-12),
+                "target": "src/widget.h",
+            },
+            "recovery_recommended": False,
+            "should_stop": False,
+            "recovery_attempts": 0,
+        },
+        "sub_calls": [],
+        "claims": [],
+    }

@@ -1,0 +1,45 @@
+"""Test-only fault injection (`FAULT_INJECTION=<send|table>:<agent>:<batch>`): one batch fails on purpose.
+
+The reliability tests use it to prove that a failed send or table write never loses input: the batch is
+not acknowledged and the worker stops (streams/agents.py). Empty (the default) injects nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["FaultInjector", "InjectedFault"]
+
+FaultPoint = Literal["send", "table"]
+
+
+class InjectedFault(RuntimeError):
+    """Raised where FAULT_INJECTION asked for a failure."""
+
+
+@dataclass
+class FaultInjector:
+    """Fails batch number `batch` (1-based) of `agent` at `point`; counts batches per agent."""
+
+    point: FaultPoint | None = None
+    agent: str | None = None
+    batch: int = 0
+    _batches: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> FaultInjector:
+        if not spec:
+            return cls()
+        point, agent, batch = spec.split(":")
+        if point not in ("send", "table"):
+            raise ValueError(f"FAULT_INJECTION point must be send or table, not {point!r}")
+        return cls(point, agent, int(batch))  # type: ignore[arg-type]
+
+    def next_batch(self, agent: str) -> int:
+        self._batches[agent] = self._batches.get(agent, 0) + 1
+        return self._batches[agent]
+
+    def check(self, agent: str, point: FaultPoint, batch: int) -> None:
+        if self.point == point and self.agent == agent and self.batch == batch:
+            raise InjectedFault(f"injected {point} failure in {agent} batch {batch}")
