@@ -9,10 +9,20 @@ input. Output events embed the scoring results of `streams.scoring` directly.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    field_validator,
+)
 
 from streams.scoring.claims import ClaimInterval
 from streams.scoring.composite import CompositeResult
@@ -41,6 +51,20 @@ __all__ = [
 ]
 
 UnitFloat = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+# RFC 3339 date-time; a missing zone is left to AwareDatetime, which reports it as such.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII)
+
+
+def _rfc3339(value: object) -> object:
+    # pydantic also reads a number, or a numeric string ("0", "1700000000"), as a Unix time: bad input.
+    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+        raise ValueError("should be an RFC 3339 date-time string")
+    return value
+
+
+# After a before-validator the value is checked as Python input, where a strict datetime takes no string:
+# hence Strict(False), which parses the (already checked) string exactly as strict JSON decoding would.
+Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM")
 
@@ -49,7 +73,7 @@ class _Input(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     event_id: NonEmpty
-    timestamp: AwareDatetime
+    timestamp: Timestamp
     tenant_id: NonEmpty
     trace_id: NonEmpty
     agent_name: NonEmpty
@@ -59,8 +83,8 @@ class _Input(BaseModel):
     @field_validator("schema_version", mode="before")
     @classmethod
     def _integer_one(cls, value: object) -> object:
-        # `true == 1` in Python: without this a JSON boolean would pass as version 1.
-        if isinstance(value, bool):
+        # `true == 1` and `1.0 == 1` in Python: without this a JSON boolean or float would pass as version 1.
+        if isinstance(value, bool | float):
             raise ValueError("schema_version must be the integer 1")
         return value
 
@@ -144,7 +168,7 @@ class ClaimEvent(_Input):
     source_id: str | None = None
     provenance: list[ProvenanceEntry] = Field(default_factory=list)
     tier: Literal["ephemeral", "task", "project", "persistent"]
-    staleness_at: AwareDatetime | None = None
+    staleness_at: Timestamp | None = None
     relationships: list[RelationshipEntry] = Field(default_factory=list)
     derived_from: list[NonEmpty] = Field(default_factory=list)
     assessed_upper: UnitFloat | None = None

@@ -177,19 +177,26 @@ def _interval(
     cfg: ClaimsConfig,
     memo: dict[str, ClaimInterval],
     stack: tuple[str, ...] = (),
-) -> ClaimInterval:
+) -> tuple[ClaimInterval, bool]:
+    """The claim's interval, and whether a derived_from cycle was cut on the way.
+
+    A constituent already being computed (a cycle) is skipped like an unknown one, so a result that
+    cut a cycle depends on where the computation started and is not memoised; the rest is.
+    """
     if claim_id in memo:
-        return memo[claim_id]
+        return memo[claim_id], False
     node = graph.get(claim_id)
     assert node is not None and node.definition is not None
     definition = node.definition
     own = aggregate(definition.provenance, cfg)
-    # A constituent already being computed (a derived_from cycle) is skipped like an unknown one.
-    constituents = [
-        _interval(graph, c, as_of, cfg, memo, (*stack, claim_id))
-        for c in sorted(_constituents(definition))
-        if c not in stack and graph.definition(c) is not None
-    ]
+    known = [c for c in sorted(_constituents(definition)) if graph.definition(c) is not None]
+    cut = any(c in stack for c in known)
+    constituents = []
+    for c in known:
+        if c not in stack:
+            interval, cut_below = _interval(graph, c, as_of, cfg, memo, (*stack, claim_id))
+            constituents.append(interval)
+            cut = cut or cut_below
     if constituents:
         result = derived_interval([(i.lower, i.upper) for i in constituents], definition.assessed_upper, own)
     else:
@@ -230,8 +237,9 @@ def _interval(
             definition.instance_trust,
             cfg,
         )
-    memo[claim_id] = result
-    return result
+    if not cut:
+        memo[claim_id] = result
+    return result, cut
 
 
 def interval_of(load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig) -> ClaimInterval:
@@ -239,7 +247,7 @@ def interval_of(load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig)
     graph = _Graph(load)
     if graph.definition(claim_id) is None:
         raise KeyError(claim_id)
-    return _interval(graph, claim_id, as_of, cfg, {})
+    return _interval(graph, claim_id, as_of, cfg, {})[0]
 
 
 def _touch(node: ClaimNode | None, when: datetime) -> ClaimNode:
@@ -316,7 +324,7 @@ def apply_claim(load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig) -> Claim
     for claim_id in _affected(graph, old, new):
         definition = graph.definition(claim_id)
         assert definition is not None
-        interval = _interval(graph, claim_id, when, cfg, memo)
+        interval, _ = _interval(graph, claim_id, when, cfg, memo)
         scores.append(
             ClaimScore(
                 claim_id=claim_id,
