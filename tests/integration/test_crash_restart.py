@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.harness import RunningBroker
-from streams.kafka_io import Consumed
+from streams.kafka_io import Consumed, WorkerProcess
 from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
 
 TOOLS = [
@@ -249,6 +249,32 @@ async def _changelog_gaps(bootstrap: str, app_id: str) -> dict[str, int]:
     return {f"{tp.topic}[{tp.partition}]": real[tp] - reported[tp] for tp in tps if real[tp] > reported[tp]}
 
 
+async def _committed_inputs(bootstrap: str, settings: Any) -> int:
+    """How many input records the group had committed (the successor resumes there, on restored state).
+
+    Read with a group consumer that only asks for offsets (never joins): Tansu cannot answer the admin
+    client's OffsetFetch version.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=settings.app_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer.topics()
+        total = 0
+        for topic in settings.input_topic_names:
+            for p in consumer.partitions_for_topic(topic) or ():
+                total += await consumer.committed(TopicPartition(topic, p)) or 0
+        return total
+    finally:
+        await consumer.stop()
+
+
+def _wait_ready(worker: WorkerProcess) -> None:
+    deadline = time.monotonic() + 60
+    while "Ready" not in open(worker.log_path, errors="replace").read():
+        assert time.monotonic() < deadline, "worker did not report Ready"
+        time.sleep(0.2)
+
+
 def _run_uninterrupted(kafka: RunningBroker, events: list[dict[str, Any]]) -> tuple[list[Consumed], dict]:
     d = deploy(kafka, partitions=2, BATCH_SIZE="50")
     d.start_worker()
@@ -278,25 +304,42 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
 
     d = deploy(kafka, partitions=2, BATCH_SIZE="50")
     first = d.start_worker()
-    chunks = [events[i : i + 25] for i in range(0, len(events), 25)]
+    _wait_ready(first)
+    chunks = [events[i : i + 20] for i in range(0, len(events), 20)]
+    produced: list[int] = []
+    commits: list[int] = []
 
     def producer() -> None:  # producers keep going while the worker dies and comes back
         for chunk in chunks:
             d.produce(chunk)
-            time.sleep(0.25)
+            produced.append(len(chunk))
+            time.sleep(0.4)
+
+    def watch_commits() -> None:  # the first commit of input offsets, so the successor resumes mid-stream
+        deadline = time.monotonic() + 60
+        while not commits and time.monotonic() < deadline:
+            if (committed := asyncio.run(_committed_inputs(kafka.bootstrap_servers, d.settings))) > 0:
+                commits.append(committed)
+            time.sleep(0.3)
 
     feeding = threading.Thread(target=producer, name="feed")
+    watching = threading.Thread(target=watch_commits, name="commits")
     try:
         feeding.start()
-        # Kill once a quarter of the uninterrupted run's outputs exist (some, not all).
-        d.collect(lambda rs: len({o["event_id"] for o in _scored(d, rs)}) >= len(baseline_ids) // 4)
+        watching.start()
+        # Kill once the group has committed input offsets and a quarter of the outputs exist: mid-stream.
+        d.collect(
+            lambda rs: bool(commits) and len({o["event_id"] for o in _scored(d, rs)}) >= len(baseline_ids) // 4
+        )
         assert first.process is not None
         first.process.kill()
         first.process.wait(timeout=10)
+        produced_at_kill = sum(produced)
         killed_at = time.monotonic()
         before_kill = {o["event_id"] for o in _scored(d, d.collect(_until_settled(d, lambda _: True)))}
         feeding.join(timeout=60)
-        gaps = asyncio.run(_changelog_gaps(kafka.bootstrap_servers, d.settings.app_id)) if kafka.is_tansu else {}
+        committed = asyncio.run(_committed_inputs(kafka.bootstrap_servers, d.settings))
+        gaps = asyncio.run(_changelog_gaps(kafka.bootstrap_servers, d.settings.app_id))
         d.start_worker()
         records = d.collect(
             _until_settled(d, lambda outs: baseline_ids <= {o["event_id"] for o in outs}), timeout=120
@@ -304,6 +347,7 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
         views = _views(d, events, d.web_ports[1])
     finally:
         feeding.join(timeout=60)
+        watching.join(timeout=60)
         d.stop()
     outputs = _scored(d, records)
     ids = {o["event_id"] for o in outputs}
@@ -311,7 +355,10 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     figures = {
         "inputs": len(events),
         "outputs (uninterrupted)": len(baseline_ids),
+        "inputs produced at the kill": produced_at_kill,
         "distinct outputs before the kill": len(before_kill),
+        "inputs committed before the kill": committed,
+        "changelog records past the reported end": gaps,
         "distinct outputs after the restart": len(ids),
         "records on the output topic": len(outputs),
         "duplicated event ids": sum(1 for n in copies.values() if n > 1),
@@ -321,6 +368,8 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     }
     print("crash and restart:", figures, "logs in", d.workdir)
     assert 0 < len(before_kill) < len(baseline_ids), figures  # killed mid-stream
+    # The successor resumed from committed offsets, so it relied on the state restored from changelogs.
+    assert 0 < committed < len(events), figures
     assert "Ready" in open(d.workers[1].log_path).read()
 
     def described(outs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:

@@ -12,7 +12,6 @@ import urllib.request
 from typing import Any
 
 import orjson
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.harness import RunningBroker
@@ -43,27 +42,29 @@ def _scrape(port: int) -> dict[str, dict[Labels, float]]:
     return samples
 
 
-def _matches(actual: dict[Labels, float], expected: dict[Labels, float]) -> bool:
-    return actual.keys() == expected.keys() and all(
-        actual[k] == pytest.approx(v, abs=1e-9) for k, v in expected.items()
-    )
+def _rounded(samples: dict[str, dict[Labels, float]]) -> dict[str, dict[Labels, float]]:
+    return {name: {k: round(v, 9) for k, v in series.items()} for name, series in samples.items()}
 
 
 def _wait_for_metrics(port: int, expected: dict[str, dict[Labels, float]], timeout: float = 60.0) -> None:
-    """Poll /metrics until every listed sample name has exactly the expected series and values."""
+    """Poll /metrics until every listed sample name has exactly the expected series and values.
+
+    Values are compared at 9 decimals (DESIGN 4b): sums and averages are float arithmetic.
+    """
     deadline = time.monotonic() + timeout
+    want = _rounded(expected)
     while True:
         scraped = _scrape(port)
-        actual = {name: scraped.get(name, {}) for name in expected}
-        if all(_matches(actual[name], expected[name]) for name in expected):
+        actual = _rounded({name: scraped.get(name, {}) for name in expected})
+        if actual == want or time.monotonic() > deadline:
+            assert actual == want
             return
-        if time.monotonic() > deadline:
-            assert actual == expected  # shows the difference
-            raise AssertionError(f"metrics differ beyond 1e-9: {actual} != {expected}")
         time.sleep(0.2)
 
 
-def _histogram(name: str, buckets: tuple[str, ...], le_counts: dict[str, int], total: float) -> dict[str, Any]:
+def _histogram(
+    name: str, buckets: tuple[str, ...], le_counts: dict[str, int], total: float
+) -> dict[str, Any]:
     """Bucket, count and sum samples of an unlabelled histogram; `le_counts` lists cumulative counts."""
     return {
         f"{name}_bucket": {(("le", le),): float(le_counts[le]) for le in buckets},
@@ -226,7 +227,12 @@ def test_label_values_beyond_the_cap_collapse_to_other(kafka: RunningBroker) -> 
 
     def response(n: int, tenant: str, logprobs: list[float] | None, **fields: Any) -> dict[str, Any]:
         event = f.response(
-            f"cap-{tenant}", minutes=n, agent=f"agent-{tenant}", tenant_id=tenant, model=f"model-{tenant}", **fields
+            f"cap-{tenant}",
+            minutes=n,
+            agent=f"agent-{tenant}",
+            tenant_id=tenant,
+            model=f"model-{tenant}",
+            **fields,
         )
         if logprobs is not None:
             event["token_logprobs"] = logprobs
@@ -246,7 +252,11 @@ def test_label_values_beyond_the_cap_collapse_to_other(kafka: RunningBroker) -> 
     try:
         d.produce(events)
         d.collect(_outputs_seen(d, {"RESPONSE_SCORED": 7}, 0))
-        a, b, other = _response_labels("a", "model-a"), _response_labels("b", "model-b"), _response_labels("other", "other")
+        a, b, other = (
+            _response_labels("a", "model-a"),
+            _response_labels("b", "model-b"),
+            _response_labels("other", "other"),
+        )
         _wait_for_metrics(
             d.web_ports[0],
             {

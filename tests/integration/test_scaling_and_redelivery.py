@@ -58,10 +58,10 @@ def _phases(tenant: str) -> list[tuple[list[dict[str, Any]], int]]:
     ]
     return [
         (base, len(base)),
-        # c-x itself, c-1 penalised, c-2 boosted, c-x again once c-1's reply arrives.
-        (contradiction, 4),
-        # c-d itself, then again when its constituent's reply arrives.
-        (derived, 2),
+        # Exactly one CLAIM_SCORED per affected claim: c-x itself, c-1 penalised, c-2 boosted.
+        (contradiction, 3),
+        # c-d itself (nothing depends on it).
+        (derived, 1),
         # RESPONSE_SCORED + SYNTHESIS_SCORED, TRACE_SCORED.
         (tail, 3),
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,7 +93,10 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
             "base": pytest.approx(0.80, abs=1e-12),
             "band": "strong",
             "categories": {"read": 0.80, "search": 0.80},
-            "weights": {"read": pytest.approx(3.0 / 5.5, abs=1e-12), "search": pytest.approx(2.5 / 5.5, abs=1e-12)},
+            "weights": {
+                "read": pytest.approx(3.0 / 5.5, abs=1e-12),
+                "search": pytest.approx(2.5 / 5.5, abs=1e-12),
+            },
             "convergence": {
                 "categories": ["read", "search"],
                 "count": 2,
@@ -131,20 +135,22 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
         relationships=[{"type": "contradicts", "target": "one-source", "strength": 1.0}],
     )
     deployment.produce([against])
-    # against itself, one-source penalised, against again once one-source's snapshot comes back.
-    records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {against["event_id"]}))
+    # Exactly two outputs for this input: against itself, and one-source penalised (DESIGN 4b).
+    records = deployment.collect(count_of("CLAIM_SCORED", 2, s.scored_topic, {against["event_id"]}))
     # Then a claim derived from two others.
     derived = f.claim(
         "cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"], assessed_upper=0.9
     )
     deployment.produce([derived])
-    # derived itself, then once per constituent's reply.
-    records = deployment.collect(count_of("CLAIM_SCORED", 3, s.scored_topic, {derived["event_id"]}))
+    # Exactly one output: derived itself (nothing depends on it yet).
+    records = deployment.collect(count_of("CLAIM_SCORED", 1, s.scored_topic, {derived["event_id"]}))
     outputs = [
         o
         for o in deployment.outputs(records)
         if o["event_type"] == "CLAIM_SCORED" and o["tenant_id"] == "claims-tenant"
     ]
+    per_input = Counter(o["source_event_id"] for o in outputs)
+    assert [per_input[e["event_id"]] for e in (one, three, stale, against, derived)] == [1, 1, 1, 2, 1]
 
     def interval(claim_id: str, source: str) -> dict[str, Any]:
         return _latest(outputs, "CLAIM_SCORED", claim_id=claim_id, source_event_id=source)["interval"]

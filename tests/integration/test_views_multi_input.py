@@ -43,7 +43,10 @@ def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
             "base": pytest.approx(0.731818181818, abs=1e-12),
             "band": "strong",
             "categories": {"search": 0.65, "read": 0.80},
-            "weights": {"read": pytest.approx(3.0 / 5.5, abs=1e-12), "search": pytest.approx(2.5 / 5.5, abs=1e-12)},
+            "weights": {
+                "read": pytest.approx(3.0 / 5.5, abs=1e-12),
+                "search": pytest.approx(2.5 / 5.5, abs=1e-12),
+            },
             "convergence": {
                 "categories": ["read", "search"],
                 "count": 2,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, get_args
 
 import orjson
@@ -86,6 +87,7 @@ def check_decoded(raw: bytes) -> LlmResponse | ToolInvocation | ClaimEvent | Dea
 @example(b"")
 @example(b"\xff\xfe\xfd")
 @example(b"[" * 300 + b"]" * 300)  # deeper than orjson serialises, shallower than it parses
+@example(b"[" * 1000 + b"]" * 1000)  # deeper than Python recurses by default
 @example(b'{"token_logprobs": [-0.108642097531, NaN')
 def test_random_bytes(raw: bytes) -> None:
     result = check_decoded(raw)
@@ -122,14 +124,19 @@ def _plant(value: Any, logprobs: list[float | None], path: list[int]) -> Any:
     return {"wrapped": value, "token_logprobs": logprobs}
 
 
-@given(json_value, logprob_list, st.lists(st.integers(0, 10), max_size=4), st.integers(0, 400))
+@given(
+    json_value,
+    logprob_list,
+    st.lists(st.integers(0, 10), max_size=4),
+    st.one_of(st.integers(0, 300), st.sampled_from([990, 1024, 1100])),
+)
 def test_logprobs_anywhere_in_random_json_never_leak(
     value: Any, logprobs: list[float | None], path: list[int], depth: int
 ) -> None:
     planted = _plant(value, logprobs, path)
     raw = dumps(planted)
     check_decoded(raw)
-    # The same inside `depth` arrays: beyond what orjson serialises (254) or pydantic parses.
+    # The same inside `depth` arrays: beyond what pydantic parses, orjson writes (254) or reads (1024).
     check_decoded(b"[" * depth + raw + b"]" * depth)
 
 
@@ -344,7 +351,7 @@ def test_any_value_in_any_field_is_handled(
 
 
 @given(
-    event_type,
+    st.sampled_from(sorted(kind for kind, paths in UNIT_PATHS.items() if paths)),
     logprob_list,
     st.data(),
     st.one_of(
@@ -356,11 +363,8 @@ def test_any_value_in_any_field_is_handled(
 def test_unit_numbers_out_of_range_or_non_finite(
     kind: str, logprobs: list[float | None], data: st.DataObject, bad: float
 ) -> None:
-    paths = UNIT_PATHS[kind] or UNIT_PATHS["LLM_RESPONSE"]
-    if not UNIT_PATHS[kind]:
-        kind = "LLM_RESPONSE"
     event = _valid(kind, logprobs)
-    path = data.draw(st.sampled_from(paths))
+    path = data.draw(st.sampled_from(UNIT_PATHS[kind]))
     target: Any = event
     for step in path[:-1]:
         target = target[step]
@@ -386,6 +390,35 @@ def test_bad_strings_are_never_quoted(
     event = _valid(kind, logprobs)
     event[data.draw(st.sampled_from(CHECKED_STRINGS[kind]))] = bad
     assert isinstance(check_decoded(dumps(event)), DeadLetter)
+
+
+@given(
+    event_type,
+    logprob_list,
+    st.one_of(
+        st.integers(-(10**13), 10**13).map(str),
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+        st.dates().map(lambda d: d.isoformat()),
+        st.integers(),
+        st.floats(),
+    ),
+)
+def test_timestamps_are_rfc3339_strings(kind: str, logprobs: list[float | None], bad: Any) -> None:
+    # pydantic alone reads numbers and numeric strings as Unix times ("0" is 1970-01-01T00:00:00Z).
+    event = {**_valid(kind, logprobs), "timestamp": bad}
+    result = check_decoded(dumps(event))
+    assert isinstance(result, DeadLetter)
+    assert result.reason == "wrong_type"
+
+
+@given(
+    event_type, logprob_list, st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=-5))]))
+)
+def test_rfc3339_timestamps_are_accepted(kind: str, logprobs: list[float | None], when: datetime) -> None:
+    event = {**_valid(kind, logprobs), "timestamp": when.isoformat()}
+    result = check_decoded(dumps(event))
+    assert not isinstance(result, DeadLetter), result
+    assert result.timestamp == when
 
 
 @given(st.sampled_from(["1", True, 1.0, 2, 0, -1, None, [1], {"v": 1}, "one"]), logprob_list)
@@ -424,3 +457,31 @@ def test_strip_logprobs_never_keeps_the_digits(
     # JSON stays JSON (compact, so no longer than it was), the logprobs replaced wherever they were.
     assert b'"token_logprobs":"<removed>"' in stored
     orjson.loads(stored)
+
+
+# What producers put in token_logprobs when they get it wrong: nested lists, OpenAI-style top-logprob
+# objects, strings with brackets, quotes and backslashes, the key itself again.
+logprob_shape = st.recursive(
+    logprob_entry | st.sampled_from(["]", "}", "[", '"', "\\", ",", ":", "token_logprobs"]),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(
+            st.sampled_from(["token", "logprob", "top_logprobs", "token_logprobs"]), children, max_size=3
+        ),
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_value, logprob_shape, st.booleans(), st.booleans(), st.data())
+def test_strip_logprobs_of_any_shape_in_any_record(
+    value: Any, shape: Any, escaped_key: bool, non_finite: bool, data: st.DataObject
+) -> None:
+    raw = dumps({"event_type": "LLM_RESPONSE", "a": value, "token_logprobs": shape, "z": value})
+    if escaped_key:  # the same key to a JSON reader
+        raw = raw.replace(b'"token_logprobs"', b'"token\\u005flogprobs"')
+    if non_finite:  # orjson refuses the record: the textual path
+        raw = raw[:-1] + b', "n": NaN}'
+    cut = data.draw(st.integers(0, len(raw)))
+    for record in (raw, raw[:cut], raw + b" trailing", b"[" * 300 + raw + b"]" * 300):
+        assert MARKER.encode() not in strip_logprobs(record, MAX_BYTES), record

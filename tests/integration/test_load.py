@@ -1,0 +1,256 @@
+"""Sustained load: the worker keeps up with 80 % of its measured maximum and drains its lag afterwards.
+
+First the maximum: a preload of events is produced as fast as possible and timed until the worker has
+emitted every output it causes (all three stages). Then a paced producer offers 80 % of that rate for
+LOAD_SECONDS; afterwards the consumer group's committed offsets on the input topic (the app id is the
+group id) must reach the end of every partition, every output must have been emitted once, and nothing
+valid may have been dead-lettered. Prints the maximum, the offered rate and the lag samples. No timing
+assertion (DESIGN section 10): the rates are measured, only the drain has a (generous) deadline.
+
+Shortened in plain runs (6,000 preloaded events, 20 s of load); the full run (40,000 preloaded, 300 s):
+
+    .venv/bin/pytest -m soak -s tests/integration/test_load.py
+
+`LOAD_SECONDS` and `LOAD_PRELOAD_EVENTS` override either size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streams.demo import encode
+from streams.harness import RunningBroker
+from tests.integration.fixtures import Deployment, EventFactory, deploy
+from tests.integration.workload import (
+    BLOCK,
+    EVENTS_PER_TRACE,
+    SECONDS_PER_EVENT,
+    CpuMeter,
+    committed_offsets,
+    lag,
+    scrape,
+    sized,
+    soak_events,
+    wait_for_metrics,
+)
+
+TICK_SECONDS = 0.05
+SAMPLE_SECONDS = 2.0
+
+
+@dataclass
+class Sample:
+    seconds: float
+    offered: int
+    input_lag: int  # records produced to the input topic and not yet committed by the group
+    outputs_behind: int  # outputs the offered events cause that the worker has not emitted yet
+    worker_cpu: float  # percent of one core since the previous sample
+    machine_cpu: float  # all processes, percent of one core (2 cores = 200)
+
+
+@dataclass
+class Producer:
+    """One producer for every phase; remembers each partition's end and the outputs owed.
+
+    Partition ends come from the producer's acknowledgements, not ListOffsets: Tansu's high watermark
+    lags the real end after multi-record batches (DESIGN section 7).
+    """
+
+    producer: AIOKafkaProducer
+    topic: str
+    traffic: Iterator[tuple[int, bytes, dict[str, Any]]]
+    ends: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    pending: list[asyncio.Future[Any]] = field(default_factory=list)
+    sent: int = 0
+    outputs_owed: int = 0
+
+    async def send(self, count: int) -> None:
+        for _ in range(count):
+            outputs, key, event = next(self.traffic)
+            self.pending.append(await self.producer.send(self.topic, encode(event), key=key))
+            self.sent += 1
+            self.outputs_owed += outputs
+
+    async def settle(self) -> None:
+        await self.producer.flush()
+        for future in self.pending:
+            meta = await future
+            self.ends[meta.partition] = max(self.ends[meta.partition], meta.offset + 1)
+        self.pending.clear()
+
+
+async def _outputs(port: int) -> float:
+    return (await asyncio.to_thread(scrape, port)).total("confidence_outputs_emitted_total")
+
+
+async def _wait_outputs(port: int, owed: int, timeout: float) -> float:
+    """Wait until the worker emitted `owed` outputs; return the monotonic time it did."""
+    deadline = time.monotonic() + timeout
+    while (emitted := await _outputs(port)) < owed:
+        assert time.monotonic() < deadline, f"{emitted:.0f} of {owed} outputs after {timeout:.0f}s"
+        await asyncio.sleep(0.1)
+    return time.monotonic()
+
+
+@dataclass
+class Measured:
+    max_rate: float
+    offered_rate: float
+    achieved_rate: float
+    samples: list[Sample]
+    drained_after: float
+    sent: int
+    outputs_owed: int
+
+
+@dataclass
+class Observer:
+    """Samples the group's lag on the input topic, the outputs still owed and CPU use."""
+
+    d: Deployment
+    port: int
+    admin: AIOKafkaAdminClient
+    cpu: CpuMeter
+    started: float = 0.0
+
+    async def sample(self, p: Producer) -> Sample:
+        await p.settle()
+        settings = self.d.settings
+        committed = await committed_offsets(
+            self.admin, settings.app_id, settings.input_topic_names[0], settings.topic_partitions
+        )
+        behind = p.outputs_owed - int(await _outputs(self.port))
+        worker_cpu, machine_cpu = self.cpu.read()
+        return Sample(
+            time.monotonic() - self.started, p.sent, lag(committed, p.ends), behind, worker_cpu, machine_cpu
+        )
+
+
+async def _run(
+    d: Deployment, pid: int, port: int, preload: int, load_seconds: float, drain_timeout: float
+) -> Measured:
+    bootstrap = d.kafka.bootstrap_servers
+    kafka_producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=262_144)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await kafka_producer.start()
+    await admin.start()
+    p = Producer(kafka_producer, d.settings.input_topic_names[0], soak_events(EventFactory().run, 10**9))
+    observer = Observer(d, port, admin, CpuMeter(pid))
+    try:
+        # Warm-up: one block of traces, so the worker has joined its group and every stage has run.
+        await p.send(BLOCK * EVENTS_PER_TRACE)
+        await p.settle()
+        await _wait_outputs(port, p.outputs_owed, 90)
+
+        # The maximum: a preload produced at once, timed until every output it causes was emitted.
+        started = time.monotonic()
+        await p.send(preload)
+        await p.settle()
+        produced_in = time.monotonic() - started
+        max_rate = preload / (await _wait_outputs(port, p.outputs_owed, max(90, preload / 50)) - started)
+        print(f"\nmaximum: {preload} events in {preload / max_rate:.1f}s = {max_rate:.0f} events/s")
+        print(f"(producing them took {produced_in:.1f}s)")
+
+        # 80 % of it, paced in ticks, for load_seconds.
+        offered_rate = 0.8 * max_rate
+        samples: list[Sample] = []
+        first_sent = p.sent
+        started = observer.started = time.monotonic()
+        observer.cpu.read()
+        next_sample = started
+        while (elapsed := time.monotonic() - started) < load_seconds:
+            await p.send(int(offered_rate * elapsed) - (p.sent - first_sent))
+            if time.monotonic() >= next_sample:
+                samples.append(await observer.sample(p))
+                next_sample += SAMPLE_SECONDS
+            await asyncio.sleep(TICK_SECONDS)
+        await p.settle()
+        load_elapsed = time.monotonic() - started
+        achieved_rate = (p.sent - first_sent) / load_elapsed
+
+        # Stop offering: the group's lag must return to zero and every output must be emitted.
+        stopped = time.monotonic()
+        while True:
+            sample = await observer.sample(p)
+            samples.append(sample)
+            if sample.input_lag == 0 and sample.outputs_behind <= 0:
+                break
+            assert time.monotonic() - stopped < drain_timeout, (
+                f"lag not drained {drain_timeout:.0f}s after the load stopped: {sample}"
+            )
+            await asyncio.sleep(0.5)
+        return Measured(
+            max_rate, offered_rate, achieved_rate, samples, time.monotonic() - stopped, p.sent, p.outputs_owed
+        )
+    finally:
+        await kafka_producer.stop()
+        await admin.close()
+
+
+async def _dlq_records(bootstrap: str, topic: str, partitions: int) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    finally:
+        await consumer.stop()
+    return sum(ends.values())
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(7200)
+def test_sustained_load_at_80_percent_of_max(kafka: RunningBroker, request: pytest.FixtureRequest) -> None:
+    preload = int(sized(request.config, "LOAD_PRELOAD_EVENTS", 40_000, 6_000))
+    load_seconds = sized(request.config, "LOAD_SECONDS", 300, 20)
+    ttl_hours = 2_000 * SECONDS_PER_EVENT / 3600  # per-trace state bounded as in the soak
+    d = deploy(
+        kafka,
+        TRACE_TTL_HOURS=f"{ttl_hours:.6f}",
+        CLAIM_TTL_DAYS=f"{ttl_hours / 24:.8f}",
+        HISTORY_WINDOW_HOURS=f"{ttl_hours:.6f}",
+        HISTORY_RETENTION_HOURS=f"{2 * ttl_hours:.6f}",
+        SWEEP_INTERVAL_SECONDS="1",
+    )
+    worker = d.start_worker()
+    assert worker.process is not None
+    port = d.web_ports[0]
+    try:
+        wait_for_metrics(port)
+        measured = asyncio.run(
+            _run(d, worker.process.pid, port, preload, load_seconds, drain_timeout=max(60.0, load_seconds))
+        )
+        metrics = scrape(port)
+        dlq = asyncio.run(
+            _dlq_records(kafka.bootstrap_servers, d.settings.dlq_topic, d.settings.topic_partitions)
+        )
+    finally:
+        d.stop()
+
+    print(
+        f"offered {measured.offered_rate:.0f} events/s (80 % of {measured.max_rate:.0f}), "
+        f"achieved {measured.achieved_rate:.0f} events/s for {load_seconds:.0f}s; "
+        f"lag drained {measured.drained_after:.1f}s after the load stopped"
+    )
+    print(
+        f"{'t s':>7} {'offered':>9} {'input lag':>10} {'outputs behind':>15} {'worker %':>9} {'machine %':>10}"
+    )
+    for s in measured.samples:
+        print(
+            f"{s.seconds:7.1f} {s.offered:9d} {s.input_lag:10d} {s.outputs_behind:15d} "
+            f"{s.worker_cpu:9.0f} {s.machine_cpu:10.0f}"
+        )
+
+    assert metrics.total("confidence_events_dead_lettered_total") == 0
+    assert dlq == 0
+    assert metrics.total("confidence_events_processed_total") == measured.sent
+    assert metrics.total("confidence_outputs_emitted_total") == measured.outputs_owed
+    assert measured.samples[-1].input_lag == 0

@@ -1,0 +1,290 @@
+"""Bounded resources: a long run whose per-trace state expires keeps table sizes and memory level.
+
+`test_soak_state_and_memory_level_off` streams events over many traces whose event times advance well
+past `TRACE_TTL_HOURS`, samples the worker's resident memory (/proc/<pid>/status) and the
+`confidence_table_keys` gauge (set by each expiry sweep) while it runs, prints the curve and asserts
+that it levels off. Sizes:
+
+- `make test` / plain pytest: shortened, 20,000 events over 2,000 traces (about a minute);
+- the full soak, 200,000 events over 20,000 traces (a few minutes on 2 cores)::
+
+      .venv/bin/pytest -m soak -s tests/integration/test_soak.py
+
+- any size: `SOAK_EVENTS=1000000 .venv/bin/pytest -m soak -s tests/integration/test_soak.py`
+  (10 events per trace; `SOAK_TTL_EVENTS` sets how many events of event time one TTL spans).
+
+`test_metric_labels_capped_and_summed` (quick, not a soak) checks that label values beyond
+`METRICS_LABEL_CAP` collapse into `other` and that `other` carries the sum of what they counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from streams.demo import encode
+from streams.harness import RunningBroker
+from streams.kafka_io import produce
+from streams.scoring.response import calculate_confidence
+from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.workload import (
+    AGENTS_PER_TENANT,
+    BLOCK,
+    EVENTS_PER_TRACE,
+    OUTPUTS_PER_TRACE,
+    SECONDS_PER_EVENT,
+    TENANTS,
+    CpuMeter,
+    Scrape,
+    keyed,
+    rss_mb,
+    scrape,
+    sized,
+    soak_event,
+    soak_events,
+    wait_for_metrics,
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    seconds: float
+    processed: float
+    outputs: float
+    rss_mb: float
+    keys: dict[str, float]
+    worker_cpu: float  # percent of one core since the previous point
+    machine_cpu: float  # every process on the machine, percent of one core
+
+
+def _point(started: float, cpu: CpuMeter, metrics: Scrape) -> Point:
+    worker_cpu, machine_cpu = cpu.read()
+    return Point(
+        seconds=time.monotonic() - started,
+        processed=metrics.total("confidence_events_processed_total"),
+        outputs=metrics.total("confidence_outputs_emitted_total"),
+        rss_mb=rss_mb(cpu.pid),
+        keys={labels[0][1]: value for labels, value in metrics.series("confidence_table_keys").items()},
+        worker_cpu=worker_cpu,
+        machine_cpu=machine_cpu,
+    )
+
+
+def _print_curve(points: list[Point], every: int) -> None:
+    print(
+        f"\n{'t s':>7} {'processed':>10} {'outputs':>10} {'RSS MB':>8} {'traces':>7} {'claims':>7} "
+        f"{'agents':>7} {'worker %':>9} {'machine %':>10}"
+    )
+    for i, p in enumerate(points):
+        if i % every == 0 or i == len(points) - 1:
+            print(
+                f"{p.seconds:7.1f} {p.processed:10.0f} {p.outputs:10.0f} {p.rss_mb:8.1f} "
+                f"{p.keys.get('traces', 0):7.0f} {p.keys.get('claims', 0):7.0f} "
+                f"{p.keys.get('agent-history', 0):7.0f} {p.worker_cpu:9.0f} {p.machine_cpu:10.0f}"
+            )
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(7200)
+def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.FixtureRequest) -> None:
+    events = int(sized(request.config, "SOAK_EVENTS", 200_000, 20_000))
+    traces = max(BLOCK, events // EVENTS_PER_TRACE)
+    events = traces * EVENTS_PER_TRACE
+    ttl_events = int(sized(request.config, "SOAK_TTL_EVENTS", 2_000, 2_000))
+    ttl_hours = ttl_events * SECONDS_PER_EVENT / 3600
+    d = deploy(
+        kafka,
+        TRACE_TTL_HOURS=f"{ttl_hours:.6f}",
+        CLAIM_TTL_DAYS=f"{ttl_hours / 24:.8f}",
+        # Agent history is kept per (tenant, agent) for HISTORY_RETENTION_HOURS of event time; keep
+        # that within the run too, or every agent's history grows for the whole soak.
+        HISTORY_WINDOW_HOURS=f"{ttl_hours:.6f}",
+        HISTORY_RETENTION_HOURS=f"{2 * ttl_hours:.6f}",
+        SWEEP_INTERVAL_SECONDS="0.5",
+    )
+    worker = d.start_worker()
+    assert worker.process is not None
+    pid = worker.process.pid
+    run = EventFactory().run
+    produced: dict[str, Any] = {}
+
+    def producer() -> None:
+        records = ((key, encode(event)) for key, event in keyed(soak_events(run, traces)))
+        try:
+            produced["sent"] = asyncio.run(
+                produce(kafka.bootstrap_servers, d.settings.input_topic_names[0], records)
+            )
+        except BaseException as exc:  # reported by the main thread
+            produced["error"] = exc
+
+    try:
+        port = d.web_ports[0]
+        wait_for_metrics(port)
+        cpu = CpuMeter(pid)
+        started = time.monotonic()
+        thread = threading.Thread(target=producer, daemon=True)
+        thread.start()
+        points: list[Point] = []
+        expected_outputs = traces * OUTPUTS_PER_TRACE
+        deadline = started + max(120.0, events / 200)
+        settled = 0  # samples since all inputs were processed without a new output
+        while True:
+            assert "error" not in produced, produced.get("error")
+            assert worker.alive(), "worker died"
+            points.append(_point(started, cpu, scrape(port)))
+            last = points[-1]
+            if last.processed >= events:
+                if last.outputs >= expected_outputs:
+                    break
+                settled = settled + 1 if len(points) > 1 and last.outputs == points[-2].outputs else 0
+                if settled >= 10:
+                    break  # outputs stopped short: reported by the assertion below
+            assert time.monotonic() < deadline, f"soak not done in time: {last}"
+            time.sleep(1.0)
+        thread.join(timeout=60)
+        elapsed = next(p.seconds for p in points if p.processed >= events)
+        # Let one more sweep report the tables after the last event.
+        time.sleep(1.5)
+        points.append(_point(started, cpu, scrape(port)))
+        after_run = points[-1]
+
+        # Final events far ahead in event time, a tool invocation and a claim in one new trace (the claim
+        # stage measures claim age against the claims it has seen): everything before is past its TTL.
+        clock_time = events + 3 * ttl_events
+        clock = [{**soak_event(run, traces, step, clock_time), "trace_id": "trace-clock"} for step in (0, 2)]
+        d.produce(clock)
+        swept_deadline = time.monotonic() + 60
+        while True:
+            final = _point(started, cpu, scrape(port))
+            if (
+                final.processed >= events + len(clock)
+                and final.keys.get("traces") == 1
+                and final.keys.get("claims") == 1
+            ):
+                break
+            assert time.monotonic() < swept_deadline, f"expired state never left the tables: {final}"
+            time.sleep(0.5)
+        points.append(final)
+        metrics = scrape(port)
+    finally:
+        d.stop()
+
+    _print_curve(points, every=max(1, len(points) // 40))
+    print(
+        f"{events} events over {traces} traces in {elapsed:.1f}s ({events / elapsed:.0f} events/s); "
+        f"TTL {ttl_events} events of event time; final sweep: {final.keys}"
+    )
+
+    assert metrics.total("confidence_events_dead_lettered_total") == 0
+
+    # Live state is what one TTL of event time holds (plus the interleaved block), never the total:
+    # sweeps run every 0.5 s and the gauge is set right after a sweep.
+    live_traces = ttl_events / EVENTS_PER_TRACE + BLOCK
+    trace_bound = 2 * live_traces
+    claim_bound = 2 * 2 * live_traces  # two claims per trace
+    run_points = [p for p in points[:-1] if p.keys]
+    assert run_points, "the sweep never reported table sizes"
+    last_quarter = [p for p in run_points if p.outputs >= 0.75 * expected_outputs]
+    assert last_quarter
+    assert trace_bound < traces / 4, "the soak is too short to tell a bound from growth"
+    assert max(p.keys["traces"] for p in last_quarter) <= trace_bound, (trace_bound, last_quarter)
+    assert max(p.keys["claims"] for p in last_quarter) <= claim_bound, (claim_bound, last_quarter)
+    assert max(p.keys["agent-history"] for p in run_points) <= TENANTS * AGENTS_PER_TENANT
+    # Sweeps really remove keys: the trace count falls between some consecutive samples during the run.
+    assert any(b.keys["traces"] < a.keys["traces"] for a, b in itertools.pairwise(run_points))
+    assert after_run.keys["traces"] <= trace_bound
+
+    # Memory levels off: over the second half of the run (by outputs emitted), resident memory grows by
+    # less than max(20 MB, 10 %) of what it was at the half-way point.
+    half = next(p for p in points if p.outputs >= expected_outputs / 2)
+    growth = after_run.rss_mb - half.rss_mb
+    print(f"RSS at half-way {half.rss_mb:.1f} MB, at the end {after_run.rss_mb:.1f} MB (+{growth:.1f} MB)")
+    assert growth < max(20.0, 0.10 * half.rss_mb), (half, after_run)
+
+    # Nothing was lost on the way: every input's outputs, the two clock events' included.
+    outputs = metrics.series("confidence_outputs_emitted_total")
+    assert metrics.total("confidence_outputs_emitted_total") == expected_outputs + 2, outputs
+
+
+def test_metric_labels_capped_and_summed(kafka: RunningBroker) -> None:
+    """METRICS_LABEL_CAP=3, ten tenants each on its own model: the first three keep their labels, the
+    other seven are one `other` series carrying the sum of their counts and observations."""
+    cap = 3
+    d = deploy(kafka, partitions=1, METRICS_LABEL_CAP=str(cap), CONFIDENCE_ON_LOW="reject")
+    d.start_worker()
+    f = EventFactory()
+    events = []
+    per_tenant: list[dict[str, Any]] = []
+    for i in range(10):
+        f.tenant = f"tenant-{i}"
+        p = 0.15 + 0.08 * i  # below 0.40 (rejected) for tenants 0-3
+        scored = i % 3 + 1  # responses with logprobs
+        missing = i % 2  # responses without
+        for k in range(scored + missing):
+            events.append(
+                f.response(
+                    f"trace-{i}",
+                    minutes=k,
+                    agent="clerk-1",
+                    agent_type="clerk",
+                    model=f"model-{i}",
+                    token_logprobs=[math.log(p)] if k < scored else None,
+                )
+            )
+        confidence = calculate_confidence([math.log(p)])
+        assert confidence is not None
+        per_tenant.append(
+            {
+                "count": scored,
+                "sum": scored * confidence,
+                "missing": missing,
+                "rejected": scored if confidence < 0.40 else 0,
+            }
+        )
+    try:
+        d.produce(events)
+        d.collect(count_of("RESPONSE_SCORED", len(events), d.settings.scored_topic))
+        metrics = scrape(d.web_ports[0])
+    finally:
+        d.stop()
+
+    def labelled(i: int) -> tuple[tuple[str, str], ...]:
+        name = f"tenant-{i}" if i < cap else "other"
+        model = f"model-{i}" if i < cap else "other"
+        return (("endpoint", "/v1/chat"), ("model", model), ("tenant", name))
+
+    def expected(field: str) -> dict[tuple[tuple[str, str], ...], float]:
+        totals: dict[tuple[tuple[str, str], ...], float] = {}
+        for i, counts in enumerate(per_tenant):
+            if counts[field]:
+                totals[labelled(i)] = totals.get(labelled(i), 0) + counts[field]
+        return totals
+
+    for name in (
+        "llm_confidence_histogram_count",
+        "llm_confidence_histogram_sum",
+        "llm_confidence_average",
+        "llm_confidence_missing_total",
+        "llm_confidence_rejected_total",
+        "confidence_agent_success_rate",
+    ):
+        assert 0 < len(metrics.series(name)) <= cap + 1, (name, metrics.series(name))
+    assert metrics.series("llm_confidence_histogram_count") == expected("count")
+    assert metrics.series("llm_confidence_histogram_sum") == pytest.approx(expected("sum"))
+    assert metrics.series("llm_confidence_missing_total") == expected("missing")
+    assert metrics.series("llm_confidence_rejected_total") == expected("rejected")
+    # Every response counted once, whatever its label: nothing is lost in the collapse.
+    assert metrics.total("llm_confidence_histogram_count") == sum(c["count"] for c in per_tenant)
+    assert {dict(labels)["tenant"] for labels in metrics.series("confidence_agent_success_rate")} == {
+        "tenant-0",
+        "tenant-1",
+        "tenant-2",
+        "other",
+    }
