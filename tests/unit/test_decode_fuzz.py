@@ -96,6 +96,8 @@ def test_random_bytes(raw: bytes) -> None:
 
 
 @given(st.binary(max_size=256), st.binary(max_size=256))
+@example(b'"token_logprobs":', b"")  # a key whose malformed value swallows the real key
+@example(b'{"token_logprobs": [[', b"], [-0.138642097531]], NaN}")  # nested arrays, textual path
 def test_random_bytes_around_logprobs(prefix: bytes, suffix: bytes) -> None:
     raw = prefix + b'"token_logprobs": [-0.118642097531, -0.128642097531' + suffix
     check_decoded(raw)
