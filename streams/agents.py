@@ -4,7 +4,7 @@ At-least-once (README "Guarantees"): a batch's input offsets are acknowledged on
 acknowledged every output it caused and then every changelog record of its state. Outputs go first: a
 stage that finds an input already applied re-emits what it remembers, so state must never be stored
 ahead of outputs that could still be lost. If any step fails, the batch stays unacknowledged and the
-worker stops with exit status 70 and one clear log line; its successor processes the batch again (the
+worker exits with status 70 after one clear log line; its successor processes the batch again (the
 stages are idempotent by input event id). Faust's own `take_events` would ack a batch even when the
 body raised, which is why the agents use `noack_take` and ack by hand.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -33,7 +32,6 @@ __all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
 log = logging.getLogger(__name__)
 
 EXIT_BATCH_FAILED = 70  # EX_SOFTWARE: a batch could not be completed; nothing of it was acknowledged
-_HARD_EXIT_AFTER_SECONDS = 30.0  # if the graceful stop hangs (a broken producer), exit anyway
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,7 +52,12 @@ def _records(events: Sequence[faust.EventT[bytes]]) -> list[InputRecord]:
 
 
 def stop_worker(svc: Service, reason: str) -> None:
-    """Stop the worker with exit status 70: graceful (Faust commits only what was acknowledged)."""
+    """Report the failure, stop acknowledging anything, and exit with status 70 shortly after.
+
+    The exit is immediate (no graceful shutdown): Faust's shutdown would end the agents' batch
+    generators, after which its stream acks what it still delivers without processing it. The
+    delay only lets a probe or a final scrape see the reason on /healthz and /readyz (503).
+    """
     if svc.health.fatal is not None:
         return
     svc.health.fatal = reason
@@ -62,9 +65,17 @@ def stop_worker(svc: Service, reason: str) -> None:
         "stopping the worker: %s. The batch was not acknowledged; a restarted worker processes it again.",
         reason,
     )
-    loop = asyncio.get_running_loop()
-    loop.call_later(_HARD_EXIT_AFTER_SECONDS, os._exit, EXIT_BATCH_FAILED)
-    os.kill(os.getpid(), signal.SIGTERM)  # Faust's graceful shutdown; the CLI turns it into status 70
+    asyncio.get_running_loop().call_later(svc.settings.fatal_exit_delay_seconds, _exit_now)
+
+
+def _exit_now() -> None:
+    logging.shutdown()  # flush the log: os._exit skips the interpreter's own clean-up
+    os._exit(EXIT_BATCH_FAILED)
+
+
+async def _hold_unacknowledged() -> None:
+    """Park the agent inside its batch until the process exits, so nothing more is acknowledged."""
+    await asyncio.Event().wait()
 
 
 class BatchRunner:
@@ -85,12 +96,12 @@ class BatchRunner:
         try:
             async for events in stream.noack_take(settings.batch_size, within=settings.batch_within_seconds):
                 if self.svc.health.fatal is not None:
-                    return  # stopping: leave everything unacknowledged
+                    await _hold_unacknowledged()  # another agent failed: acknowledge nothing more
                 try:
                     await self._complete(events, process, write)
                 except Exception as exc:  # any failure of the batch: never ack, stop with a clear error
                     stop_worker(self.svc, f"{self.agent} failed a batch of {len(events)}: {exc!r}")
-                    return
+                    await _hold_unacknowledged()
                 for event in events:
                     await stream.ack(event)
         except Exception as exc:
@@ -98,6 +109,7 @@ class BatchRunner:
             # acknowledged, so stop instead and let a successor re-read them from the committed offset.
             self.svc.health.agent_crashed(self.agent)
             stop_worker(self.svc, f"agent {self.agent} crashed: {exc!r}")
+            await _hold_unacknowledged()
 
     async def _complete(
         self,

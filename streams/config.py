@@ -109,6 +109,12 @@ class Settings(BaseSettings):
         gt=0,
         description="A batch whose outputs or state writes are not acknowledged in time stops the worker.",
     )
+    fatal_exit_delay_seconds: float = Field(
+        3.0,
+        ge=0,
+        le=60,
+        description="After a failed batch: seconds /healthz and /readyz report it before exit 70.",
+    )
     fault_injection: str = Field(
         "",
         description="Tests only: `<send|table>:<agent>:<batch number>` makes that batch fail (see streams/faults.py).",

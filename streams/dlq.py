@@ -72,25 +72,36 @@ def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
 
 def _strip_text(raw: bytes) -> bytes:
     """Every token_logprobs key with its value replaced; any other mention cuts the rest of the record."""
-    spans: list[tuple[int, int, bytes]] = []
+    spans: list[tuple[int, int, bytes]] = []  # (start, end, replacement), by start, not overlapping
     for match in _KEY.finditer(raw):
-        try:
-            key = json.loads(b'"' + match.group(2) + b'"')
-        except ValueError:
-            continue
-        if key == LOGPROBS_KEY:
-            start = match.start()
-            spans.append((start, _value_end(raw, start + len(match.group(1))), _REPLACEMENT))
+        if _is_logprobs_key(match.group(2)):
+            start, end = match.start(), _value_end(raw, match.start() + len(match.group(1)))
+            if spans and start < spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], end), _REPLACEMENT)
+            else:
+                spans.append((start, end, _REPLACEMENT))
+    covering = 0
     for mention in re.finditer(LOGPROBS_KEY.encode(), raw):
-        if not any(start <= mention.start() < end for start, end, _ in spans):
-            spans.append((mention.start(), len(raw), _REMOVED.encode()))
+        while covering < len(spans) and spans[covering][1] <= mention.start():
+            covering += 1
+        if covering == len(spans) or spans[covering][0] > mention.start():
+            spans = [*spans[:covering], (mention.start(), len(raw), _REMOVED.encode())]
+            break
     parts, last = [], 0
-    for start, end, replacement in sorted(spans):
-        if start >= last:
-            parts += [raw[last:start], replacement]
-        last = max(last, end)
+    for start, end, replacement in spans:
+        parts += [raw[last:start], replacement]
+        last = end
     parts.append(raw[last:])
     return b"".join(parts)
+
+
+def _is_logprobs_key(name: bytes) -> bool:
+    if b"\\" not in name:
+        return name == LOGPROBS_KEY.encode()
+    try:
+        return bool(json.loads(b'"' + name + b'"') == LOGPROBS_KEY)  # the key written with escapes
+    except ValueError:
+        return False
 
 
 def _value_end(raw: bytes, start: int) -> int:

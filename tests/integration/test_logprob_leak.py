@@ -4,7 +4,11 @@ Raw token logprobs may exist only in the input topic and in memory while one eve
 sends a mixed stream whose logprobs are distinctive values, waits for every output, then reads *every*
 topic the broker holds from the beginning (outputs, DLQ, the internal repartition topics and all
 `*-changelog` topics; only the input topic itself is exempt), the worker's log and data directory,
-GET /metrics and every view, and looks for each value in several renderings.
+GET /metrics and every view, and looks for each value in several renderings. As a control, the same
+search must find the values in the input topic, and the audit must have read non-empty repartition and
+changelog topics that saw the logprob-bearing events.
+
+The second test feeds the DLQ's textual stripping (records that are not strict JSON) its hard cases.
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ class Audit:
     records: dict[str, list[Consumed]]
 
 
-async def _read_every_topic(bootstrap: str, skip: set[str], idle_polls: int = 4) -> Audit:
-    """List every topic on the broker and read each one (except `skip`) from the beginning to its end.
+async def _read_every_topic(bootstrap: str, idle_polls: int = 4) -> Audit:
+    """List every topic on the broker and read each one from the beginning to its end.
 
     The end is the later of the reported end offsets and a run of empty polls: on Tansu the reported high
     watermark can lag the real end of a partition (DESIGN section 7), so the offsets alone could stop early.
@@ -86,7 +90,7 @@ async def _read_every_topic(bootstrap: str, skip: set[str], idle_polls: int = 4)
         fetch_max_wait_ms=100,
     )
     await consumer.start()
-    records: dict[str, list[Consumed]] = {t: [] for t in topics if t not in skip}
+    records: dict[str, list[Consumed]] = {t: [] for t in topics}
     try:
         await consumer.topics()  # load cluster metadata for every topic
         partitions = [
@@ -152,10 +156,10 @@ def _directory_bytes(root: str) -> dict[str, bytes]:
     return found
 
 
-def _scored_ids(d: Deployment, audit_or_records: list[Consumed]) -> set[tuple[str, str]]:
+def _scored_ids(d: Deployment, records: list[Consumed]) -> set[tuple[str, str]]:
     return {
         (o["event_type"], o["source_event_id"])
-        for o in (orjson.loads(r.value) for r in audit_or_records if r.topic == d.settings.scored_topic)
+        for o in (orjson.loads(r.value) for r in records if r.topic == d.settings.scored_topic)
     }
 
 
@@ -193,10 +197,20 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         ),
         f.claim("lk-syn", "k4", 10, derived_from=["k1", "k3"]),
         f.response(
-            "lk-syn", 11, role="sub_call", sub_call_id="sub-a", response="It returns nil.", token_logprobs=[l1, l2]
+            "lk-syn",
+            11,
+            role="sub_call",
+            sub_call_id="sub-a",
+            response="It returns nil.",
+            token_logprobs=[l1, l2],
         ),
         f.response(
-            "lk-syn", 12, role="sub_call", sub_call_id="sub-b", response="Maybe never.", token_logprobs=[l3, l5]
+            "lk-syn",
+            12,
+            role="sub_call",
+            sub_call_id="sub-b",
+            response="Maybe never.",
+            token_logprobs=[l3, l5],
         ),
         f.response("lk-syn", 13, role="synthesis", response="Combined.", token_logprobs=[l0, l4]),
     ]
@@ -214,9 +228,13 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         orjson.dumps({**base, "token_logprobs": [repr(l3), repr(l4)]}),
         orjson.dumps({**base, "token_logprobs": {"first": l5}}),
         # NaN makes it invalid for a strict JSON parser, so the DLQ strips it textually.
-        b'{"event_type": "LLM_RESPONSE", "response": 42, "token_logprobs": [NaN, ' + repr(l0).encode() + b"]}",
+        b'{"event_type": "LLM_RESPONSE", "response": 42, "token_logprobs": [NaN, '
+        + repr(l0).encode()
+        + b"]}",
         # Out of range elsewhere, with logprobs hidden in an unknown nested field as well.
-        orjson.dumps({**base, "retrieval": [{"similarity": 1.5, "token_logprobs": [l1]}], "token_logprobs": [l2]}),
+        orjson.dumps(
+            {**base, "retrieval": [{"similarity": 1.5, "token_logprobs": [l1]}], "token_logprobs": [l2]}
+        ),
         # Over MAX_ARRAY_ITEMS (40) and over MAX_EVENT_BYTES (8192).
         orjson.dumps({**base, "token_logprobs": [l3, l4, l5] * 20}),
         orjson.dumps({**base, "response": "x" * 9000, "token_logprobs": [l0, l1, l2, l3, l4, l5]}),
@@ -237,8 +255,10 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         d.produce(valid[7:])
         d.produce(bad[6:], key=b"lk-syn")
         d.collect(
-            lambda rs: expected <= _scored_ids(d, rs)
-            and sum(1 for r in rs if r.topic == d.settings.dlq_topic) >= len(bad)
+            lambda rs: (
+                expected <= _scored_ids(d, rs)
+                and sum(1 for r in rs if r.topic == d.settings.dlq_topic) >= len(bad)
+            )
         )
         port = d.web_ports[0]
         paths = ["/healthz", "/metrics"]
@@ -251,21 +271,28 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
     finally:
         # SIGTERM: Faust flushes the producer (changelogs included) before it exits.
         assert worker.stop() == 0
-    audit = asyncio.run(_read_every_topic(kafka.bootstrap_servers, skip={d.settings.input_topic_names[0]}))
+    audit = asyncio.run(_read_every_topic(kafka.bootstrap_servers))
+    input_topic = d.settings.input_topic_names[0]
+    # Control: the detector finds the values where they are allowed to be, in the input topic.
+    assert find_leaks(b"".join(_record_bytes(r) for r in audit.records[input_topic]), LEAKS)
+    audited = {t: rs for t, rs in audit.records.items() if t != input_topic}
 
     # The audit read what it had to read: outputs, DLQ, both repartition topics and the changelogs.
     app_id = d.settings.app_id
-    ours = [t for t in audit.records if t.startswith(app_id)]
+    ours = [t for t in audited if t.startswith(app_id)]
     changelogs = [t for t in ours if t.endswith("-changelog")]
     repartition = [t for t in ours if not t.endswith("-changelog") and "__assignor" not in t]
-    assert {d.settings.scored_topic, d.settings.flagged_topic, d.settings.dlq_topic} <= set(audit.records)
+    assert {d.settings.scored_topic, d.settings.flagged_topic, d.settings.dlq_topic} <= set(audited)
     assert d.settings.responses_topic in repartition and len(repartition) >= 2, audit.topics
     assert len(changelogs) >= 3, audit.topics  # traces, agent history, claims
     for topic in [*repartition, *changelogs, d.settings.scored_topic, d.settings.dlq_topic]:
-        assert audit.records[topic], f"{topic} is empty: the audit would prove nothing"
-    assert len([r for r in audit.records[d.settings.dlq_topic]]) == len(bad)
+        assert audited[topic], f"{topic} is empty: the audit would prove nothing"
+    dead = audited[d.settings.dlq_topic]
+    assert len(dead) == len(bad)
+    # Exception messages are audited where they are stored: every dead letter's Connect headers.
+    assert all(dict(r.headers).get("__connect.errors.exception.message") for r in dead)
     # The logprob-bearing responses did pass through the repartition topic and the state.
-    internal = b"".join(_record_bytes(r) for t in [*repartition, *changelogs] for r in audit.records[t])
+    internal = b"".join(_record_bytes(r) for t in [*repartition, *changelogs] for r in audited[t])
     for event in responses:
         assert event["event_id"].encode() in internal
     for _, (status, _body) in views.items():
@@ -274,12 +301,12 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
     assert json.loads(views["/claims/leak/k1"][1])["claim_id"] == "k1"
 
     print(  # the audit's extent, for the record (pytest -s)
-        f"audited {sum(map(len, audit.records.values()))} records in {len(audit.records)} of "
-        f"{len(audit.topics)} topics:",
-        {t: len(rs) for t, rs in audit.records.items() if t.startswith(app_id) or t.endswith(d.suffix)},
+        f"audited {sum(map(len, audited.values()))} records in {len(audited)} of "
+        f"{len(audit.topics)} topics (all but the input topic):",
+        {t: len(rs) for t, rs in audited.items() if t.startswith(app_id) or t.endswith(d.suffix)},
     )
     leaks: dict[str, list[str]] = {}
-    for topic, recs in audit.records.items():
+    for topic, recs in audited.items():
         for r in recs:
             found = find_leaks(_record_bytes(r), LEAKS)
             if found:
@@ -317,5 +344,6 @@ def test_dead_letters_of_non_json_records_hold_no_logprobs(kafka: RunningBroker)
         for r in records
         if r.topic == d.settings.dlq_topic and (found := find_leaks(_record_bytes(r), EDGE_LEAKS))
     }
-    leaks |= {"worker log": found for found in [find_leaks(d.log_text().encode(), EDGE_LEAKS)] if found}
+    if found := find_leaks(d.log_text().encode(), EDGE_LEAKS):
+        leaks["worker log"] = found
     assert not leaks, f"raw logprobs in dead letters: {leaks}"

@@ -1,12 +1,15 @@
 """Bounded resources: a long run whose per-trace state expires keeps table sizes and memory level.
 
-`test_soak_state_and_memory_level_off` streams events over many traces whose event times advance well
-past `TRACE_TTL_HOURS`, samples the worker's resident memory (/proc/<pid>/status) and the
-`confidence_table_keys` gauge (set by each expiry sweep) while it runs, prints the curve and asserts
-that it levels off. Sizes:
+`test_soak_state_and_memory_level_off` streams events over many traces (LLM_RESPONSE with small
+token_logprobs arrays, TOOL_INVOCATION, CLAIM) whose event times advance far past `TRACE_TTL_HOURS` /
+`CLAIM_TTL_DAYS` (one TTL = 2,000 events of event time), samples the worker's resident memory
+(/proc/<pid>/status) and the `confidence_table_keys` gauge (set by each expiry sweep) while it runs,
+prints the curve and asserts that it levels off: keys bounded by what one TTL holds, not by the total;
+RSS growth over the second half bounded; expired state gone after a final event far ahead; and expiry
+only ever took idle state (every synthesis saw its three sub calls, every output was emitted). Sizes:
 
-- `make test` / plain pytest: shortened, 20,000 events over 2,000 traces (about a minute);
-- the full soak, 200,000 events over 20,000 traces (a few minutes on 2 cores)::
+- `make test` / plain pytest: shortened, 20,000 events over 2,000 traces (under a minute);
+- the full soak, 200,000 events over 20,000 traces (about 5 minutes on 2 cores)::
 
       .venv/bin/pytest -m soak -s tests/integration/test_soak.py
 
@@ -45,6 +48,7 @@ from tests.integration.workload import (
     Scrape,
     keyed,
     rss_mb,
+    scan_outputs,
     scrape,
     sized,
     soak_event,
@@ -175,6 +179,9 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         metrics = scrape(port)
     finally:
         d.stop()
+    scored = asyncio.run(
+        scan_outputs(kafka.bootstrap_servers, d.settings.scored_topic, int(final.outputs), timeout=120)
+    )
 
     _print_curve(points, every=max(1, len(points) // 40))
     print(
@@ -208,7 +215,10 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
     print(f"RSS at half-way {half.rss_mb:.1f} MB, at the end {after_run.rss_mb:.1f} MB (+{growth:.1f} MB)")
     assert growth < max(20.0, 0.10 * half.rss_mb), (half, after_run)
 
-    # Nothing was lost on the way: every input's outputs, the two clock events' included.
+    # Expiry took only idle state: every synthesis still saw its trace's three sub calls, and nothing was
+    # lost on the way (every input's outputs, the two clock events' included).
+    print(f"outputs read back: {dict(sorted(scored.items()))}")
+    assert scored["SYNTHESIS_SCORED/3"] == traces, scored
     outputs = metrics.series("confidence_outputs_emitted_total")
     assert metrics.total("confidence_outputs_emitted_total") == expected_outputs + 2, outputs
 

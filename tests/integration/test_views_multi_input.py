@@ -8,9 +8,11 @@ import urllib.request
 
 import pytest
 
+from streams.config import load_settings
 from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
+from streams.topics import create_topics
 from tests.integration.fixtures import EventFactory, count_of, deploy
 
 
@@ -18,6 +20,10 @@ def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     second = f"{d.settings.input_topic_names[0]}-b"
     d.env["INPUT_TOPICS"] = f"{d.settings.input_topic_names[0]},{second}"
+    # Create the second input with the deployment's partition count before anything is produced to it:
+    # otherwise the producer may auto-create it with the broker's default count first, and the worker
+    # refuses inputs that are not co-partitioned.
+    asyncio.run(create_topics(load_settings(**{k.lower(): v for k, v in d.env.items()})))
     f = EventFactory(tenant="multi")
     d.start_worker()
     try:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -219,3 +221,31 @@ def keyed(traffic: Iterable[tuple[int, bytes, dict[str, Any]]]) -> Iterator[tupl
     """The (key, event) pairs of `soak_events`."""
     for _, key, event in traffic:
         yield key, event
+
+
+async def scan_outputs(bootstrap: str, topic: str, expected: int, timeout: float) -> Counter[str]:
+    """Read `topic` from the start until `expected` records arrived (or `timeout`); count them by kind.
+
+    Counts by event type, and SYNTHESIS_SCORED also by its number of sources ("SYNTHESIS_SCORED/3"),
+    without keeping the records: a soak's outputs are too many to hold.
+    """
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=100
+    )
+    await consumer.start()
+    counts: Counter[str] = Counter()
+    seen = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while seen < expected and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500, max_records=5_000)).values():
+                for record in batch:
+                    seen += 1
+                    output = orjson.loads(record.value or b"{}")
+                    kind = output.get("event_type", "?")
+                    counts[kind] += 1
+                    if kind == "SYNTHESIS_SCORED":
+                        counts[f"{kind}/{len(output['sources'])}"] += 1
+    finally:
+        await consumer.stop()
+    return counts

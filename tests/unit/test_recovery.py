@@ -28,6 +28,15 @@ class RecordingConsumer:
     async def perform_seek(self) -> None:
         self.calls.append(("seek", frozenset(self.paused)))
 
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        return {TP("agent-events", 0): None}  # nothing committed yet on the stream partition
+
+    async def earliest_offsets(self, *partitions: TP) -> dict[TP, int]:
+        return dict.fromkeys(partitions, 0)
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        self.calls.append(("seek_to", (partition, offset)))
+
     def resume_partitions(self, partitions: set[TP]) -> None:
         self.calls.append(("resume", frozenset(partitions)))
         self.paused -= partitions
@@ -44,6 +53,8 @@ async def test_streams_are_sought_before_they_resume() -> None:
     await recovery._seek_then_resume_streams()
 
     stream_tp = TP("agent-events", 0)
-    assert [name for name, _ in consumer.calls] == ["seek", "resume"]
+    assert [name for name, _ in consumer.calls] == ["seek", "seek_to", "resume"]
     assert stream_tp in consumer.calls[0][1]  # the seek happened while the stream partition was paused
-    assert consumer.calls[1][1] == {stream_tp}  # only stream partitions resume; changelogs stay with recovery
+    # No committed offset: sought to its beginning (the app's `earliest`), not left where the fetch was.
+    assert consumer.calls[1][1] == (stream_tp, 0)
+    assert consumer.calls[2][1] == {stream_tp}  # only stream partitions resume; changelogs stay with recovery

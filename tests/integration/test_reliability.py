@@ -1,0 +1,260 @@
+"""Through the broker: a failed send or table write never loses input; topics and health at start-up.
+
+Failures are injected with FAULT_INJECTION (streams/faults.py): the named batch of the named agent
+raises at its send or its table write. The worker must not acknowledge that batch and must stop with
+exit status 70; its successor must then score every input (exactly once in the distinct-event-id
+sense: one output event id per input, however many copies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from streams.agents import EXIT_BATCH_FAILED
+from streams.config import load_settings
+from streams.demo_runner import worker_env
+from streams.harness import RunningBroker
+from streams.kafka_io import Consumed, WorkerProcess
+from tests.integration.fixtures import Deployment, EventFactory, deploy, free_port
+
+
+def _traffic(tenant: str, n: int = 60) -> list[dict[str, Any]]:
+    """Responses, tool calls and claims over a few traces: outputs from all three stages."""
+    f = EventFactory(tenant=tenant)
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        trace = f"{tenant}-tr-{i % 6}"
+        kind = i % 3
+        if kind == 0:
+            events.append(f.response(trace, minutes=i, agent=f"agent-{i % 4}", token_logprobs=[-0.1, -0.2]))
+        elif kind == 1:
+            events.append(f.tool(trace, "find", f"Sym{i}", minutes=i, result_count=1))
+        else:
+            events.append(
+                f.claim(
+                    f"{tenant}-claims",
+                    f"c{i % 7}",
+                    minutes=i,
+                    relationships=[{"type": "contradicts", "target": f"c{(i + 3) % 7}", "strength": 0.5}],
+                )
+            )
+    return events
+
+
+def _own_outputs(d: Deployment, records: list[Consumed]) -> dict[str, set[str]]:
+    """Input event id -> the distinct output event ids it caused as its own (claims: cause self)."""
+    own: dict[str, set[str]] = {}
+    for o in d.outputs(records):
+        if o["event_type"] == "CLAIM_SCORED" and o["cause"] != "self":
+            continue
+        own.setdefault(o["source_event_id"], set()).add(o["event_id"])
+    return own
+
+
+def _collect_all(d: Deployment, ids: set[str], timeout: float = 120) -> list[Consumed]:
+    """Outputs until every input in `ids` has its own output, or all that arrived by `timeout`."""
+    seen: list[Consumed] = []
+
+    def done(records: list[Consumed]) -> bool:
+        seen[:] = records
+        return ids <= set(_own_outputs(d, records))
+
+    try:
+        return d.collect(done, timeout=timeout)
+    except TimeoutError:
+        return seen  # the caller's assertion names what is missing
+
+
+def _wait_exit(worker: WorkerProcess, timeout: float = 90) -> int:
+    assert worker.process is not None
+    return worker.process.wait(timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("fault", "why"),
+    [
+        ("send:score-events:2", "stage 1's send refused"),
+        ("table:score-events:2", "stage 1's table write failed"),
+        ("send:score-responses:1", "stage 2's send refused"),
+        ("table:score-claims:1", "stage 3's table write failed"),
+    ],
+)
+def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
+    kafka: RunningBroker, fault: str, why: str
+) -> None:
+    d = deploy(kafka, partitions=2, BATCH_SIZE="10", FAULT_INJECTION=fault)
+    events = _traffic(f"fault-{fault.split(':')[0]}-{fault.split(':')[1]}")
+    ids = {e["event_id"] for e in events}
+    failing = d.start_worker()
+    try:
+        d.produce(events)
+        status = _wait_exit(failing)
+        assert status == EXIT_BATCH_FAILED, f"{why}: worker exited {status}"
+        log = d.log_text()
+        assert "stopping the worker" in log and "injected" in log, why
+        # The successor, without the fault, re-reads from the committed offsets.
+        d.env.pop("FAULT_INJECTION")
+        d.start_worker()
+        records = _collect_all(d, ids)
+    finally:
+        d.stop()
+    own = _own_outputs(d, records)
+    missing = [(e["event_id"], e["event_type"], e["trace_id"]) for e in events if e["event_id"] not in own]
+    assert missing == [], f"{why}: inputs never scored ({len(missing)}): {missing[:8]}; logs in {d.workdir}"
+    # Exactly once by event id: each input caused one distinct output id (copies share it).
+    several = {k: v for k, v in own.items() if k in ids and len(v) != 1}
+    assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
+
+
+def _health(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=1, BATCH_SIZE="5", FAULT_INJECTION="send:score-events:3")
+    worker = d.start_worker()
+    port = d.web_ports[0]
+    seen: list[tuple[str, int, str]] = []
+    try:
+        # Ready only once assigned and recovered; alive meanwhile.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                status, body = _health(port, "/readyz")
+            except OSError:
+                time.sleep(0.05)
+                continue
+            seen.append(("readyz", status, body["reason"]))
+            if status == 200:
+                break
+            time.sleep(0.05)
+        assert seen and seen[-1][1] == 200 and seen[-1][2] == "ready"
+        assert _health(port, "/healthz")[0] == 200
+        # Now feed it until the third batch fails: both endpoints answer 503 with the reason.
+        d.produce(_traffic("health", n=40))
+        failing: dict[str, tuple[int, dict[str, Any]]] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(failing) < 2 and worker.alive():
+            for path in ("/healthz", "/readyz"):
+                try:
+                    status, body = _health(port, path)
+                except OSError:
+                    continue
+                if status == 503:
+                    failing[path] = (status, body)
+            time.sleep(0.02)
+        assert set(failing) == {"/healthz", "/readyz"}, f"saw {failing} before the worker exited"
+        for _status, body in failing.values():
+            assert body["reason"].startswith("stopping: score-events failed a batch of 5")
+        assert _wait_exit(worker) == EXIT_BATCH_FAILED
+    finally:
+        d.stop()
+
+
+async def _create(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
+    finally:
+        await admin.close()
+
+
+def _platform_env(kafka: RunningBroker, **extra: str) -> dict[str, str]:
+    suffix = f"-p{os.urandom(4).hex()}"
+    workdir = os.path.join("/tmp", f"confidence-platform{suffix}")
+    os.makedirs(workdir, exist_ok=True)
+    return worker_env(kafka.bootstrap_servers, suffix, workdir, free_port(), **extra)
+
+
+def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
+    """A platform team created only the four public topics (1 partition) and no internal ones."""
+    env = _platform_env(kafka, TOPIC_PARTITIONS="1")
+    settings = load_settings(**{k.lower(): v for k, v in env.items()})
+    public = [
+        settings.input_topic_names[0],
+        settings.scored_topic,
+        settings.flagged_topic,
+        settings.dlq_topic,
+    ]
+    asyncio.run(_create(kafka.bootstrap_servers, public, 1))
+    d = Deployment(kafka, "", settings, env, env["DATA_DIR"])
+    events = [EventFactory(tenant="platform").response(f"pl-{i}", minutes=i) for i in range(20)]
+    ids = {e["event_id"] for e in events}
+    d.start_worker()
+    try:
+        d.produce(events)
+        records = _collect_all(d, ids)
+        log = d.log_text()
+    finally:
+        d.stop()
+    assert ids <= set(_own_outputs(d, records))
+    assert "created missing topics" in log and "agent-history-changelog" in log
+    assert "Traceback" not in log
+
+
+def test_partition_mismatch_stops_start_up_with_one_clear_line(kafka: RunningBroker) -> None:
+    env = _platform_env(kafka, TOPIC_PARTITIONS="4")
+    settings = load_settings(**{k.lower(): v for k, v in env.items()})
+    asyncio.run(_create(kafka.bootstrap_servers, [settings.input_topic_names[0]], 2))
+    done = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "worker"],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.decode().splitlines() if "partitions" in line]
+    assert lines == [
+        f"confidence-streams worker: topic {settings.input_topic_names[0]} has 2 partitions but "
+        "TOPIC_PARTITIONS=4: make them equal (recreate the topic or set TOPIC_PARTITIONS)"
+    ]
+
+
+def test_no_output_lost_when_topics_were_created_by_someone_else_and_worker_restarts(
+    kafka: RunningBroker,
+) -> None:
+    """The issue's reproduction: public topics only, a worker, then a second worker after the first."""
+    env = _platform_env(kafka, TOPIC_PARTITIONS="1", BATCH_SIZE="5")
+    settings = load_settings(**{k.lower(): v for k, v in env.items()})
+    public = [
+        settings.input_topic_names[0],
+        settings.scored_topic,
+        settings.flagged_topic,
+        settings.dlq_topic,
+    ]
+    asyncio.run(_create(kafka.bootstrap_servers, public, 1))
+    d = Deployment(kafka, "", settings, env, env["DATA_DIR"])
+    f = EventFactory(tenant="restart")
+    first_half = [f.response(f"rs-{i}", minutes=i, agent=f"a{i % 3}") for i in range(10)]
+    second_half = [f.response(f"rs-{i}", minutes=i, agent=f"a{i % 3}") for i in range(10, 20)]
+    ids = {e["event_id"] for e in first_half + second_half}
+    first = d.start_worker()
+    try:
+        d.produce(first_half)
+        d.collect(lambda rs: len(_own_outputs(d, rs)) >= 3, timeout=90)
+        assert first.stop() == 0
+        d.produce(second_half)
+        d.start_worker()
+        records = _collect_all(d, ids)
+    finally:
+        d.stop()
+    outputs = [o for o in d.outputs(records) if o["source_event_id"] in ids]
+    assert {o["source_event_id"] for o in outputs} == ids
+    assert all(orjson.dumps(o) for o in outputs)
