@@ -103,3 +103,9 @@ def test_docker_compose_runs_only_existing_cli_commands() -> None:
         assert exit_.value.code == 0
     assert any(c[1] == "worker" for c in cli_commands)
     assert any(c[1:3] == ["topics", "create"] for c in cli_commands)
+
+
+def test_docker_compose_worker_health_uses_readyz_and_restarts_on_failure() -> None:
+    worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
+    assert "/readyz" in " ".join(worker["healthcheck"]["test"])
+    assert worker["restart"] == "on-failure"  # exit 70 after a failed batch: a restart re-reads it
