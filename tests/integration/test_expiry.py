@@ -59,3 +59,41 @@ def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
         assert _status(port, "/traces/ttl/busy-trace") == 200
     finally:
         d.stop()
+
+
+def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
+    """CLAIM_TTL_DAYS after its last update a claim leaves the table; a stub (a target that never
+    arrives) ages by the event time it hears and leaves too; a claim still referenced is re-scored
+    without the expired neighbour."""
+    d = deploy(kafka, partitions=2, CLAIM_TTL_DAYS="1", SWEEP_INTERVAL_SECONDS="0.5")
+    d.start_worker()
+    try:
+        f = EventFactory(tenant="claim-ttl")
+        old = f.claim("ct-trace", "old", minutes=0)
+        pointing = f.claim(
+            "ct-trace",
+            "pointing",
+            minutes=1,
+            relationships=[
+                {"type": "contradicts", "target": "old", "strength": 0.5},
+                {"type": "supports", "target": "never-arrives", "strength": 0.5},
+            ],
+        )
+        d.produce([old, pointing])
+        d.collect(
+            count_of("CLAIM_SCORED", 3, d.settings.scored_topic, {old["event_id"], pointing["event_id"]})
+        )
+        port = d.web_ports[0]
+        assert _status(port, "/claims/claim-ttl/old") == 200
+        # Two days later in event time, "pointing" is updated (a new version, same relationships):
+        # "old" (last updated at minute 0) is now past its 1-day TTL and is swept; "pointing" stays.
+        renewed = f.claim(
+            "ct-trace", "pointing", minutes=2 * 24 * 60, relationships=pointing["relationships"]
+        )
+        d.produce([renewed])
+        d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic, {renewed["event_id"]}))
+        _wait_for_status(port, "/claims/claim-ttl/old", 404, "the expired claim was never swept")
+        assert _status(port, "/claims/claim-ttl/pointing") == 200
+        assert "expired claims" in d.log_text()
+    finally:
+        d.stop()
