@@ -15,6 +15,7 @@ from streams.faults import FaultInjector
 from streams.health import Health
 from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, ClaimStage, TraceStage
+from streams.transport import FetchWaitApp
 
 __all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
 
@@ -100,8 +101,9 @@ def changelog_topics(svc: Service) -> list[str]:
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> Service:
     """Build the Faust app for `settings`; agents and views are attached by `streams.agents`/`views`."""
     registry = registry if registry is not None else CollectorRegistry()
-    app = faust.App(
+    app = FetchWaitApp(
         settings.app_id,
+        consumer_fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{server.strip()}" for server in settings.kafka_bootstrap_servers.split(",")],
         store="memory://",
         key_serializer="raw",

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     broker_rebalance_timeout_seconds: float = Field(10.0, gt=0)
     producer_max_batch_bytes: int = Field(262_144, ge=16_384)
     producer_linger_ms: int = Field(5, ge=0)
+    consumer_fetch_max_wait_ms: int = Field(
+        20, ge=0, le=60_000, description="Longest a consumer fetch waits for data (Faust's own is 1500)."
+    )
     # Only these two: at `warn` or above Faust installs its spinner and sets the root logger to DEBUG,
     # which slows the worker badly (DESIGN section 10).
     log_level: Literal["debug", "info"] = "info"
