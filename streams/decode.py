@@ -33,6 +33,8 @@ _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
 
 def _reason(error: ErrorDetails) -> Reason:
     loc = error["loc"]
+    if not loc and error["type"] == "dict_type":
+        return "not_an_object"  # the record is JSON, but an array, string, number, null or boolean
     if loc and loc[-1] == "schema_version" and error["type"] != "missing":
         return "unsupported_schema_version"
     return _REASON_BY_ERROR_TYPE.get(error["type"], "wrong_type")

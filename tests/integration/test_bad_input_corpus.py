@@ -126,12 +126,12 @@ def build_corpus(f: EventFactory) -> list[Bad]:
         "invalid_json",
         orjson.dumps(c.event()).replace(b'"response":"Done."', b'"response":"\\ud800"'),
     )
-    # JSON, but not an object: pydantic's "Input should be an object", classed as a wrong type.
-    c.add("array", "wrong_type", b"[" + orjson.dumps(c.event()) + b"]")
-    c.add("string", "wrong_type", b'"LLM_RESPONSE"')
-    c.add("number", "wrong_type", b"42")
-    c.add("null", "wrong_type", b"null")
-    c.add("boolean", "wrong_type", b"true")
+    # JSON, but not an object.
+    c.add("array", "not_an_object", b"[" + orjson.dumps(c.event()) + b"]")
+    c.add("string", "not_an_object", b'"LLM_RESPONSE"')
+    c.add("number", "not_an_object", b"42")
+    c.add("null", "not_an_object", b"null")
+    c.add("boolean", "not_an_object", b"true")
     # Each required field missing: the common ones, then each type's own.
     common = ("event_id", "event_type", "timestamp", "tenant_id", "trace_id", "agent_name", "agent_type")
     kinds = ("response", "tool", "claim")

@@ -57,7 +57,7 @@ def test_unknown_extra_fields_are_dropped() -> None:
     ("raw", "reason"),
     [
         (b"{not json", "invalid_json"),
-        (b"[1, 2]", "wrong_type"),
+        (b"[1, 2]", "not_an_object"),
         (orjson.dumps({**BASE, "event_type": "NOPE"}), "unknown_event_type"),
         (orjson.dumps({k: v for k, v in BASE.items() if k != "event_type"}), "missing_field"),
         (orjson.dumps({k: v for k, v in BASE.items() if k != "tenant_id"}), "missing_field"),
