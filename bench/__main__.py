@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 from bench.claims import main as claims_main
+from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
 
 if __name__ == "__main__":
     scoring_main()
     claims_main()
+    sys.exit(pipeline_main())

@@ -221,7 +221,7 @@ def attach_agents(svc: Service) -> None:
         expired_claims = [
             key
             for key, raw in list(svc.claims.items())
-            if svc.claim_stage.expired(ClaimNode.model_validate_json(raw))
+            if svc.claim_stage.expired(key, ClaimNode.model_validate_json(raw))
         ]
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))

@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     trace_ttl_hours: float = Field(24.0, gt=0, description="Per-trace state expires after this idle time.")
     claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
     sweep_interval_seconds: float = Field(60.0, gt=0)
+    event_time_max_ahead_hours: float = Field(
+        1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."
+    )
 
     # --- Reliability ------------------------------------------------------------------------------
     send_timeout_seconds: float = Field(

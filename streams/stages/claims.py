@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import orjson
 from aiokafka.partitioner import murmur2
@@ -14,7 +14,7 @@ from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
-from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
+from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, now
 from streams.state import ClaimMessage, table_key
 
 __all__ = ["ClaimStage", "ClaimWrite", "claim_message", "tenant_partition"]
@@ -57,7 +57,7 @@ class ClaimStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        self.newest_event_time: datetime | None = None
+        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
 
     def process(
         self, records: list[InputRecord], load: Callable[[bytes], claim_graph.ClaimNode | None]
@@ -88,8 +88,7 @@ class ClaimStage:
         for claim_id, node in update.nodes.items():
             dirty[table_key(tenant, claim_id)] = ClaimWrite(node, record.partition)
         event_time = message.arrived.event_time
-        if self.newest_event_time is None or event_time > self.newest_event_time:
-            self.newest_event_time = event_time
+        self.clock.saw(record.partition, event_time)
         for score in update.scores:
             self._emit(tenant, score, message.received_at, out)
 
@@ -112,8 +111,10 @@ class ClaimStage:
         tenant = orjson.loads(key)[0]
         return tenant_partition(str(tenant), self.settings.topic_partitions)
 
-    def expired(self, node: claim_graph.ClaimNode) -> bool:
-        """Claims (and stubs) live `claim_ttl_days` of event time after their last update."""
-        if self.newest_event_time is None or node.last_event_time is None:
+    def expired(self, key: bytes, node: claim_graph.ClaimNode) -> bool:
+        """Claims (and stubs) live `claim_ttl_days` of event time after their last update, measured
+        against their tenant's partition's newest claim event time."""
+        if node.last_event_time is None:
             return False
-        return self.newest_event_time - node.last_event_time > timedelta(days=self.settings.claim_ttl_days)
+        ttl = timedelta(days=self.settings.claim_ttl_days)
+        return self.clock.idle_longer_than(self.partition_of(key), node.last_event_time, ttl)

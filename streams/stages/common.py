@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
@@ -14,6 +14,7 @@ from streams.dlq import DeadLetter, connect_headers, strip_logprobs
 from streams.metrics import Metrics
 
 __all__ = [
+    "ExpiryClock",
     "InputRecord",
     "Outputs",
     "Record",
@@ -47,6 +48,30 @@ class Record:
     value: bytes
     headers: list[tuple[str, bytes]] | None = None
     partition: int | None = None  # None: Kafka's default partitioner on the key
+
+
+class ExpiryClock:
+    """Event time per input partition, which state on that partition expires against.
+
+    One clock per partition, not per worker: partitions are consumed unevenly (one may be far behind
+    another), and a worker-wide newest time swept state that its own partition was still using. An
+    event time more than `max_ahead` past the wall clock moves the clock only to that bound, so one
+    future-dated event cannot expire a partition's state at once.
+    """
+
+    def __init__(self, max_ahead: timedelta) -> None:
+        self.max_ahead = max_ahead
+        self._newest: dict[int, datetime] = {}
+
+    def saw(self, partition: int, event_time: datetime) -> None:
+        bounded = min(event_time, now() + self.max_ahead)
+        current = self._newest.get(partition)
+        if current is None or bounded > current:
+            self._newest[partition] = bounded
+
+    def idle_longer_than(self, partition: int, last_event_time: datetime, ttl: timedelta) -> bool:
+        newest = self._newest.get(partition)
+        return newest is not None and newest - last_event_time > ttl
 
 
 def now() -> datetime:

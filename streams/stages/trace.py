@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
@@ -20,6 +20,7 @@ from streams.metrics import Metrics
 from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
 from streams.stages.claims import claim_message
 from streams.stages.common import (
+    ExpiryClock,
     InputRecord,
     Outputs,
     Record,
@@ -45,7 +46,7 @@ class TraceStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        self.newest_event_time: datetime | None = None
+        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
 
     def process(
         self, records: list[InputRecord], load: Callable[[bytes], TraceState | None]
@@ -69,8 +70,7 @@ class TraceStage:
             out.dead_letter(event, record)
             return
         self.metrics.events_processed.labels(event.event_type).inc()
-        if self.newest_event_time is None or event.timestamp > self.newest_event_time:
-            self.newest_event_time = event.timestamp
+        self.clock.saw(record.partition, event.timestamp)
         key = table_key(event.tenant_id, event.trace_id)
         state = dirty.get(key) or load(key)
         if state is None:
@@ -255,10 +255,10 @@ class TraceStage:
             self._send_claim(event, record, out)
 
     def expired(self, state: TraceState) -> bool:
-        """Idle longer than the trace TTL, measured against the newest event time seen."""
-        if self.newest_event_time is None:
-            return False
-        return self.newest_event_time - state.last_event_time > timedelta(hours=self.settings.trace_ttl_hours)
+        """Idle longer than the trace TTL, measured against its partition's newest event time."""
+        return self.clock.idle_longer_than(
+            state.partition, state.last_event_time, timedelta(hours=self.settings.trace_ttl_hours)
+        )
 
 
 def claim_definition(event: ClaimEvent) -> claim_graph.ClaimDefinition:

@@ -6,6 +6,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 
 from streams.harness import RunningBroker
 from tests.integration.fixtures import EventFactory, count_of, deploy
@@ -61,11 +62,47 @@ def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
         d.stop()
 
 
+def test_state_expires_per_partition_and_a_future_dated_event_cannot_wipe_it(kafka: RunningBroker) -> None:
+    """Expiry clocks are per input partition and bounded by the wall clock (EVENT_TIME_MAX_AHEAD_HOURS)."""
+    d = deploy(kafka, partitions=1, TRACE_TTL_HOURS="2", SWEEP_INTERVAL_SECONDS="0.5")
+    d.start_worker()
+    try:
+        f = EventFactory(tenant="future")
+        kept = f.tool("kept-trace", "find", "x", minutes=0)  # T0: days before the wall clock
+        d.produce([kept])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {kept["event_id"]}))
+        port = d.web_ports[0]
+        # An event dated 2999 moves the expiry clock only to the wall clock + 1 h (the default bound);
+        # kept-trace (T0, in the past) is idle past its 2 h TTL against that and is swept.
+        future = f.tool("future-trace", "find", "x", minutes=(2999 - 2026) * 365 * 24 * 60)
+        d.produce([future])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {future["event_id"]}))
+        _wait_for_status(port, "/traces/future/kept-trace", 404, "state behind the clock was never swept")
+        # A trace at the wall clock's time is 1 h behind the bounded clock, within its 2 h TTL: it stays
+        # (unbounded, the 2999 clock would have swept it, and every other trace, at the next sweep).
+        now_trace = EventFactory(tenant="future").tool("now-trace", "find", "x")
+        now_trace["timestamp"] = datetime.now(UTC).isoformat()
+        d.produce([now_trace])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {now_trace["event_id"]}))
+        marker_deadline = time.monotonic() + 5
+        while time.monotonic() < marker_deadline:  # several sweeps (0.5 s apart) must leave it in place
+            assert _status(port, "/traces/future/now-trace") == 200
+            time.sleep(0.5)
+    finally:
+        d.stop()
+
+
 def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
     """CLAIM_TTL_DAYS after its last update a claim leaves the table; a stub (a target that never
     arrives) ages by the event time it hears and leaves too; a claim still referenced is re-scored
     without the expired neighbour."""
-    d = deploy(kafka, partitions=2, CLAIM_TTL_DAYS="1", SWEEP_INTERVAL_SECONDS="0.5")
+    d = deploy(
+        kafka,
+        partitions=2,
+        CLAIM_TTL_DAYS="1",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        EVENT_TIME_MAX_AHEAD_HOURS="1000000",
+    )
     d.start_worker()
     try:
         f = EventFactory(tenant="claim-ttl")

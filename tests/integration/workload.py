@@ -27,7 +27,8 @@ Labels = tuple[tuple[str, str], ...]
 
 def full_run(config: pytest.Config) -> bool:
     """True when the run selected the `soak` marker (`pytest -m soak`): use the full sizes."""
-    return "soak" in str(config.getoption("markexpr") or "")
+    expression = str(config.getoption("markexpr") or "")
+    return "soak" in expression and "not soak" not in expression
 
 
 def sized(config: pytest.Config, env_name: str, full: float, short: float) -> float:
@@ -201,6 +202,16 @@ def soak_event(run: str, trace: int, step: int, index: int) -> dict[str, Any]:
         if kind == "sub_call":
             event["sub_call_id"] = f"sub-{step}"
     return event
+
+
+def outputs_of(event: dict[str, Any]) -> Counter[str]:
+    """The outputs one soak event causes, by event type (OUTPUTS_BY_STEP, spelled out)."""
+    kind = event["event_type"]
+    if kind == "TOOL_INVOCATION":
+        return Counter(TRACE_SCORED=1)
+    if kind == "CLAIM":
+        return Counter(CLAIM_SCORED=1 + len(event.get("relationships", ())))
+    return Counter(RESPONSE_SCORED=1, SYNTHESIS_SCORED=int(event["role"] == "synthesis"))
 
 
 def soak_events(run: str, traces: int, first_trace: int = 0) -> Iterator[tuple[int, bytes, dict[str, Any]]]:

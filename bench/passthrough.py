@@ -1,0 +1,137 @@
+"""Faust passthrough agents, the baselines of the pipeline benchmark: forward raw bytes, decode nothing.
+
+`python -m bench.passthrough worker`, configured by the environment:
+
+| variable | meaning |
+|---|---|
+| `PASSTHROUGH_MODE` | `naive`: `async for` + `await topic.send` per event; `batched`: `noack_take` batches, every event sent through the app's producer, the futures awaited, then each event acked (the shape of the confidence-streams agents) |
+| `PASSTHROUGH_APP_ID`, `PASSTHROUGH_INPUT`, `PASSTHROUGH_OUTPUT` | its own group and topics |
+| `KAFKA_BOOTSTRAP_SERVERS`, `TOPIC_PARTITIONS`, `WEB_PORT`, `DATA_DIR` | as for the worker |
+| `CONSUMER_FETCH_MAX_WAIT_MS` | the consumer's fetch wait, the same value the worker gets, set the worker's way (`streams.transport.FetchWaitApp`; Faust alone hardcodes 1500) |
+| `BATCH_SIZE`, `BATCH_WITHIN_SECONDS`, `PRODUCER_*`, `BROKER_*` | the worker's settings, so only the agent differs |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+__all__ = ["create_app", "main", "set_fetch_max_wait"]
+
+FAUST_FETCH_MAX_WAIT_MS = 1500  # what faust/transport/drivers/aiokafka.py passes to aiokafka
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def set_fetch_max_wait(milliseconds: int) -> None:
+    """Make every Faust worker consumer created from now on wait at most `milliseconds` per fetch.
+
+    Faust passes a literal `fetch_max_wait_ms=1500` to aiokafka; aiokafka copies the attribute into its
+    fetcher only in `start()`, so setting it on the freshly created consumer is enough.
+    """
+    thread_class: Any = faust_aiokafka.AIOKafkaConsumerThread
+    original = thread_class._create_worker_consumer
+    if getattr(original, "_bench_patched", False):
+        original = original._bench_original
+
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._fetch_max_wait_ms = milliseconds
+        return consumer
+
+    create_worker_consumer._bench_patched = True  # type: ignore[attr-defined]
+    create_worker_consumer._bench_original = original  # type: ignore[attr-defined]
+    thread_class._create_worker_consumer = create_worker_consumer
+
+
+def create_app() -> faust.App:
+    """The passthrough app for the environment above."""
+    mode = _env("PASSTHROUGH_MODE", "naive")
+    if mode not in ("naive", "batched"):
+        raise SystemExit(f"PASSTHROUGH_MODE must be naive or batched, not {mode!r}")
+    fetch_wait = int(_env("CONSUMER_FETCH_MAX_WAIT_MS", str(FAUST_FETCH_MAX_WAIT_MS)))
+    partitions = int(_env("TOPIC_PARTITIONS", "4"))
+    bootstrap = _env("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+    options: dict[str, Any] = {}
+    try:  # the worker's own mechanism, so both sides get the fetch wait the same way
+        from streams.transport import FetchWaitApp
+
+        app_class: type[faust.App] = FetchWaitApp
+        options["consumer_fetch_max_wait_ms"] = fetch_wait
+    except ImportError:
+        app_class = faust.App
+        if fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
+            set_fetch_max_wait(fetch_wait)
+    app = app_class(
+        _env("PASSTHROUGH_APP_ID", f"bench-passthrough-{mode}"),
+        **options,
+        broker=[f"kafka://{server.strip()}" for server in bootstrap.split(",")],
+        store="memory://",
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+        datadir=_env("DATA_DIR", "./bench-passthrough-data"),
+        topic_partitions=partitions,
+        web_enabled=True,
+        web_host="127.0.0.1",
+        web_port=int(_env("WEB_PORT", "6067")),
+        broker_session_timeout=float(_env("BROKER_SESSION_TIMEOUT_SECONDS", "10")),
+        broker_heartbeat_interval=float(_env("BROKER_HEARTBEAT_INTERVAL_SECONDS", "1")),
+        broker_rebalance_timeout=float(_env("BROKER_REBALANCE_TIMEOUT_SECONDS", "10")),
+        producer_max_batch_size=int(_env("PRODUCER_MAX_BATCH_BYTES", "262144")),
+        producer_linger_ms=int(_env("PRODUCER_LINGER_MS", "5")),
+        consumer_auto_offset_reset="earliest",
+    )
+    source = app.topic(_env("PASSTHROUGH_INPUT", "bench-in"), key_type=bytes, value_type=bytes)
+    output_name = _env("PASSTHROUGH_OUTPUT", "bench-out")
+    sink = app.topic(output_name, key_type=bytes, value_type=bytes, partitions=partitions)
+
+    if mode == "naive":
+
+        @app.agent(source, name="forward")
+        async def forward(stream: faust.StreamT[bytes]) -> None:
+            async for key, value in stream.items():
+                await sink.send(key=key, value=value)
+
+    else:
+        batch_size = int(_env("BATCH_SIZE", "500"))
+        within = float(_env("BATCH_WITHIN_SECONDS", "0.05"))
+
+        @app.agent(source, name="forward")
+        async def forward(stream: faust.StreamT[bytes]) -> None:
+            async for events in stream.noack_take(batch_size, within=within):
+                futures = [
+                    await app.producer.send(output_name, e.key, e.value, None, None, None) for e in events
+                ]
+                await asyncio.gather(*futures)
+                for event in events:
+                    await stream.ack(event)
+
+    del forward  # registered on the app
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["worker"]:
+        print("usage: python -m bench.passthrough worker", file=sys.stderr)
+        return 2
+    from faust import Worker
+
+    logging.basicConfig(level=logging.INFO)
+    app = create_app()
+    # `-l info`, as the service's worker: at `warn` Faust sets the root logger to DEBUG (DESIGN 10).
+    Worker(app, loglevel="info", quiet=True).execute_from_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
