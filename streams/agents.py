@@ -46,7 +46,7 @@ class DecodedStates(Generic[M]):
     writer leaves new bytes and the value is decoded again). Bounded: oldest entries are dropped.
     """
 
-    def __init__(self, table: faust.Table, model: type[M], max_entries: int = 20_000) -> None:
+    def __init__(self, table: faust.Table, model: type[M], max_entries: int = 4096) -> None:
         self.table = table
         self.model = model
         self.max_entries = max_entries
@@ -69,6 +69,10 @@ class DecodedStates(Generic[M]):
         raw = value.model_dump_json().encode()
         self._remember(key, raw, value)
         return raw
+
+    def forget(self, key: bytes) -> None:
+        """Drop `key` (its state left the table)."""
+        self._decoded.pop(key, None)
 
     def _remember(self, key: bytes, raw: bytes, value: M) -> None:
         self._decoded[key] = (raw, value)
@@ -218,6 +222,7 @@ def attach_agents(svc: Service) -> None:
         ]
         for key, partition in expired_traces:
             svc.traces.set_from(key, None, partition)
+            traces.forget(key)
         expired_claims = [
             key
             for key, raw in list(svc.claims.items())
@@ -225,6 +230,7 @@ def attach_agents(svc: Service) -> None:
         ]
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
+            claims.forget(key)
         svc.metrics.table_keys.labels("traces").set(len(svc.traces))
         svc.metrics.table_keys.labels("agent-history").set(len(svc.agents_history))
         svc.metrics.table_keys.labels("claims").set(len(svc.claims))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import murmur2
 
 from streams.demo import encode
 from streams.harness import RunningBroker
@@ -97,6 +98,14 @@ def _print_curve(points: list[Point], every: int) -> None:
 
 @pytest.mark.soak
 @pytest.mark.timeout(7200)
+def _trace_on(partition: int, partitions: int) -> str:
+    """A trace id that Kafka's default partitioner puts on `partition`."""
+    n = 0
+    while (murmur2(f"trace-clock-{n}".encode()) & 0x7FFFFFFF) % partitions != partition:
+        n += 1
+    return f"trace-clock-{n}"
+
+
 def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.FixtureRequest) -> None:
     events = int(sized(request.config, "SOAK_EVENTS", 200_000, 20_000))
     traces = max(BLOCK, events // EVENTS_PER_TRACE)
@@ -161,18 +170,29 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         points.append(_point(started, cpu, scrape(port)))
         after_run = points[-1]
 
-        # Final events far ahead in event time, a tool invocation and a claim in one new trace (the claim
-        # stage measures claim age against the claims it has seen): everything before is past its TTL.
+        # Final events far ahead in event time. Expiry clocks are per partition, so: a tool invocation
+        # in a trace on every input partition, and a claim for every tenant (claims age against their
+        # tenant's partition). Everything before them is then past its TTL.
         clock_time = events + 3 * ttl_events
-        clock = [{**soak_event(run, traces, step, clock_time), "trace_id": "trace-clock"} for step in (0, 2)]
+        partitions = d.settings.topic_partitions
+        clock_traces = [_trace_on(p, partitions) for p in range(partitions)]
+        clock = [
+            {**soak_event(run, traces + i, 0, clock_time), "trace_id": trace}
+            for i, trace in enumerate(clock_traces)
+        ]
+        clock += [
+            {**soak_event(run, traces + t, 2, clock_time), "trace_id": clock_traces[0]}
+            for t in range(TENANTS)
+        ]
+        clock_outputs = len(clock)  # one TRACE_SCORED or CLAIM_SCORED each
         d.produce(clock)
         swept_deadline = time.monotonic() + 60
         while True:
             final = _point(started, cpu, scrape(port))
             if (
                 final.processed >= events + len(clock)
-                and final.keys.get("traces") == 1
-                and final.keys.get("claims") == 1
+                and final.keys.get("traces") == len({(e["tenant_id"], e["trace_id"]) for e in clock})
+                and final.keys.get("claims") == TENANTS
             ):
                 break
             assert time.monotonic() < swept_deadline, f"expired state never left the tables: {final}"
@@ -218,11 +238,11 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
     assert growth < max(20.0, 0.10 * half.rss_mb), (half, after_run)
 
     # Expiry took only idle state: every synthesis still saw its trace's three sub calls, and nothing was
-    # lost on the way (every input's outputs, the two clock events' included).
+    # lost on the way (every input's outputs, the clock events' one each included).
     print(f"outputs read back: {dict(sorted(scored.items()))}")
     assert scored["SYNTHESIS_SCORED/3"] == traces, scored
     outputs = metrics.series("confidence_outputs_emitted_total")
-    assert metrics.total("confidence_outputs_emitted_total") == expected_outputs + 2, outputs
+    assert metrics.total("confidence_outputs_emitted_total") == expected_outputs + clock_outputs, outputs
 
 
 def test_metric_labels_capped_and_summed(kafka: RunningBroker) -> None:
