@@ -96,8 +96,6 @@ def _print_curve(points: list[Point], every: int) -> None:
             )
 
 
-@pytest.mark.soak
-@pytest.mark.timeout(7200)
 def _trace_on(partition: int, partitions: int) -> str:
     """A trace id that Kafka's default partitioner puts on `partition`."""
     n = 0
@@ -106,6 +104,8 @@ def _trace_on(partition: int, partitions: int) -> str:
     return f"trace-clock-{n}"
 
 
+@pytest.mark.soak
+@pytest.mark.timeout(7200)
 def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.FixtureRequest) -> None:
     events = int(sized(request.config, "SOAK_EVENTS", 200_000, 20_000))
     traces = max(BLOCK, events // EVENTS_PER_TRACE)
