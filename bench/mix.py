@@ -4,7 +4,9 @@ By count about 29 % LLM_RESPONSE (each with 50-200 token logprobs), 42 % TOOL_IN
 mean about 770 bytes per record. Many tenants, agents and traces, traces interleaved as they are on a
 busy input topic; some traces fan out into sub calls and a synthesis, and some claims support or
 contradict earlier claims of their tenant (so the claim graph re-scores). Event time advances a fixed
-step per event, so a long run ages its state past the TTLs the way a real stream does.
+step per event, so a long run ages its state past the TTLs the way a real stream does, and ends at the
+last midnight (UTC) before now: the worker's expiry clocks never run ahead of the wall clock, so event
+times in the future would keep every state alive.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from streams.demo import encode
 
 __all__ = ["Mix", "build_mix"]
 
-BASE_TIME = datetime(2026, 11, 22, 0, 0, tzinfo=UTC)
 TENANTS = 25
 AGENT_TYPES = ("planner", "patcher", "validator", "clerk", "researcher", "planner")
 MODELS = ("gpt-4o", "claude-sonnet", "llama-3-70b")
@@ -122,9 +123,11 @@ def build_mix(
     run: str = "mix",
     seconds_per_event: float = 5.0,
 ) -> Mix:
-    """`events` input events over about `traces` traces (deterministic for the arguments)."""
+    """`events` input events over about `traces` traces (deterministic for the arguments and the day)."""
     rng = random.Random(seed)
     mix = Mix()
+    end = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    start = end - timedelta(seconds=events * seconds_per_event)
     per_trace = max(3, round(events / max(1, traces)))
     next_trace = 0
     active: list[_Trace] = []
@@ -142,7 +145,7 @@ def build_mix(
         index = len(mix.records)
         event: dict[str, Any] = {
             "event_id": f"{run}-{index:07d}",
-            "timestamp": (BASE_TIME + timedelta(seconds=index * seconds_per_event)).isoformat(),
+            "timestamp": (start + timedelta(seconds=index * seconds_per_event)).isoformat(),
             "tenant_id": trace.tenant,
             "trace_id": trace.trace_id,
             "agent_name": trace.agent_name,

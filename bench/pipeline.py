@@ -17,7 +17,10 @@ topics, a fresh consumer group and fresh worker processes. Sections:
 Environment: `BENCH_QUICK=1` (one run, smaller sizes), `BENCH_PARTITIONS` (sections 1-2, default 1),
 `BENCH_MEMORY_EVENTS` (default 100000, over a tenth as many traces), `BENCH_MEMORY_SECONDS` (time cap of
 section 3, default 150), `BENCH_PROFILE=1` (one extra, untimed worker run under py-spy: top self time),
-`CONSUMER_FETCH_MAX_WAIT_MS` (given to the worker and to the passthroughs alike).
+`BENCH_ONLY` (comma-separated sections: throughput, latency, memory, scale; latency implies throughput),
+`CONSUMER_FETCH_MAX_WAIT_MS` (given to the worker and to the passthroughs alike). The last column of
+the table, "others", is the CPU (in cores) that processes outside this benchmark used meanwhile: on a
+shared 2-core machine that is the first thing to check before trusting a figure.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ SCALE_EVENTS = 3_000 if QUICK else 12_000
 PROFILE = os.environ.get("BENCH_PROFILE", "") not in ("", "0")
 RUN_TIMEOUT = 300.0
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/ is not an installed package
 
 console = Console()
 if not console.is_terminal:
@@ -266,7 +270,11 @@ class Tracker:
             self.dead += 1
             self._complete(self.produced.place.get(place), "DLQ", record.timestamp)
             return
-        output = orjson.loads(record.value or b"{}")
+        try:
+            output = orjson.loads(record.value or b"{}")
+        except orjson.JSONDecodeError:  # never expected: every output (and every mix input) is JSON
+            self.kinds["<not JSON>"] += 1
+            return
         kind = output.get("event_type", "?")
         self.kinds[kind] += 1
         if "source_event_id" not in output:  # a passthrough forwards the input itself
@@ -355,6 +363,7 @@ class Deployment:
             argv = [sys.executable, "-m", "streams.cli", "worker"]
         else:
             argv = [sys.executable, "-m", "bench.passthrough", "worker"]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
         proc = Proc(argv, env, os.path.join(self.workdir, f"worker-{number}.log"), port).start()
         self.procs.append(proc)
         return proc
@@ -679,18 +688,63 @@ async def profile_run(bootstrap: str, mix: Mix, fetch_wait: int) -> list[tuple[s
         await asyncio.to_thread(recorder.wait, 30)
     finally:
         await asyncio.to_thread(deployment.stop)
-    self_samples: Counter[str] = Counter()
+    return _self_time(raw)
+
+
+def _self_time(raw: str) -> list[tuple[str, float, float]]:
+    """Top self-time functions of a py-spy raw (collapsed) profile, and the packages they live in.
+
+    Rows: (name, share of active samples, seconds at 200 Hz). The event loop's `select` is waiting,
+    not work: it is reported as its own first row and left out of the shares of the others.
+    """
+    functions: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     with open(raw) as handle:
         for line in handle:
             stack, _, count = line.rstrip().rpartition(" ")
             if not stack:
                 continue
-            leaf = stack.split(";")[-1]
-            name, _, where = leaf.partition(" (")
-            self_samples[f"{name} ({where.split(':')[0]})"] += int(count)
-    total = sum(self_samples.values()) or 1
-    console.print(f"profile: {total} active samples at 200 Hz, raw stacks in {raw}")
-    return [(name, count / total, count / 200) for name, count in self_samples.most_common(10)]
+            name, _, where = stack.split(";")[-1].partition(" (")
+            path = where.split(":")[0]
+            functions[f"{name} ({_short(path)})"] += int(count)
+            packages[_package(path)] += int(count)
+    total = sum(functions.values()) or 1
+    waiting = sum(v for k, v in functions.items() if k.startswith("EpollSelector.select"))
+    work = max(1, total - waiting)
+    rows = [
+        (
+            f"(waiting) EpollSelector.select: share of all {total} active samples",
+            waiting / total,
+            waiting / 200,
+        )
+    ]
+    rows += [
+        (name, count / work, count / 200)
+        for name, count in functions.most_common(11)
+        if not name.startswith("EpollSelector.select")
+    ][:10]
+    rows += [
+        (f"package: {name}", count / work, count / 200)
+        for name, count in packages.most_common(9)
+        if name != "selectors"
+    ][:8]
+    return rows
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/lib/python3.", "/work/main/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            return path.split("/", 1)[1] if marker == "/lib/python3." else path
+    return path
+
+
+def _package(path: str) -> str:
+    short = _short(path)
+    if short.startswith("streams/"):
+        return short.removesuffix(".py")
+    head = short.split("/", 1)[0]
+    return head.removesuffix(".py") if "/" in short or short.endswith(".py") else short
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -709,6 +763,24 @@ def _loadavg() -> str:
     return "?"
 
 
+def _revision() -> str:
+    """The commit measured, with `+changes` when the working tree differs from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown revision"
+    return f"{head}{' +changes' if dirty else ''}"
+
+
 def _ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "n/a"
 
@@ -716,32 +788,80 @@ def _ratio(value: float, base: float) -> str:
 WORKDIR = ""
 
 
-async def _run_all(bootstrap: str, broker_kind: str) -> int:
-    fetch_wait, worker_has_setting = fetch_wait_setting()
-    failures = 0
-    rows: list[tuple[str, str, str, str]] = []
-    notes: list[str] = []
-    if not worker_has_setting and fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
-        notes.append(
-            f"[red]the worker has no CONSUMER_FETCH_MAX_WAIT_MS setting: it uses Faust's "
-            f"{FAUST_FETCH_MAX_WAIT_MS} ms while the passthroughs use {fetch_wait} ms[/]"
-        )
-    mix = build_mix(MIX_EVENTS, MIX_TRACES)
-    console.print(f"mix: {mix.describe()}; load average before: {_loadavg()}")
-    console.print(
-        f"fetch wait {fetch_wait} ms (worker setting {'present' if worker_has_setting else 'absent'}), "
-        f"{PARTITIONS} partition(s), {RUNS} run(s) each, work dir {WORKDIR}"
-    )
+class Machine:
+    """CPU the machine spent outside this benchmark's process tree: other people's work distorts figures.
 
-    # 1. throughput: contestants interleaved so drift spreads over all of them.
+    The embedded broker is a child of this process and counts as ours; a Docker or external broker on
+    the same machine would count as "others".
+    """
+
+    def __init__(self) -> None:
+        self.mark = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float]:
+        """(monotonic time, machine busy CPU s, CPU s of this process, its children and reaped ones)."""
+        with open("/proc/stat") as handle:
+            cpu = [int(v) for v in handle.readline().split()[1:]]
+        busy = (sum(cpu) - cpu[3] - cpu[4]) / CLOCK_TICK  # minus idle and iowait
+        parents: dict[int, int] = {}
+        times: dict[int, float] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+                times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+        own_pid = os.getpid()
+        own = 0.0
+        for pid, cpu_s in times.items():
+            walk, hops = pid, 0
+            while walk not in (0, 1, own_pid) and hops < 64:
+                walk, hops = parents.get(walk, 0), hops + 1
+            if walk == own_pid and pid != own_pid:
+                own += cpu_s
+        with open(f"/proc/{own_pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        own += sum(int(v) for v in fields[11:15]) / CLOCK_TICK  # utime, stime, cutime, cstime
+        return time.monotonic(), busy, own
+
+    def others(self) -> float:
+        """Cores used by other processes since the previous call (averaged over the wall time)."""
+        now = self._read()
+        then, self.mark = self.mark, now
+        return max(0.0, (now[1] - then[1]) - (now[2] - then[2])) / max(now[0] - then[0], 1e-3)
+
+
+@dataclass
+class Context:
+    bootstrap: str
+    fetch_wait: int
+    mix: Mix
+    machine: Machine
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    failures: int = 0
+    pipeline_rate: float = 0.0
+
+    def row(self, measurement: str, ratio: str, baseline: str, figures: str, others: float) -> None:
+        self.rows.append((measurement, ratio, baseline, figures, f"{others:.2f}"))
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        console.print(f"[red]{what} failed[/]: {exc}")
+
+
+async def _throughput(ctx: Context) -> None:
+    """Section 1: the three contestants interleaved, so drift spreads over all of them."""
+    ctx.machine.others()
     results: dict[str, list[RunResult]] = {"naive": [], "batched": [], "pipeline": []}
     for run in range(RUNS):
         for kind in results:
             try:
-                result = await throughput_run(kind, bootstrap, mix, fetch_wait)
+                result = await throughput_run(kind, ctx.bootstrap, ctx.mix, ctx.fetch_wait)
             except Exception as exc:
-                failures += 1
-                console.print(f"[red]throughput {kind} run {run + 1} failed[/]: {exc}")
+                ctx.failed(f"throughput {kind} run {run + 1}", exc)
                 continue
             results[kind].append(result)
             console.print(
@@ -749,6 +869,7 @@ async def _run_all(bootstrap: str, broker_kind: str) -> int:
                 f"{result.cpu_us:6.0f} us CPU/event, RSS {result.rss_mb:5.0f} MB, "
                 f"{result.seconds:.2f} s, {result.cpu_share:.2f} cores, dead letters {result.dead}"
             )
+    others = ctx.machine.others()
     labels = {
         "naive": "naive Faust passthrough (async for + topic.send)",
         "batched": "batched Faust passthrough (noack_take + producer.send)",
@@ -760,7 +881,7 @@ async def _run_all(bootstrap: str, broker_kind: str) -> int:
     base_rss = statistics.median(r.rss_mb for r in base) if base else 0.0
     for kind, runs in results.items():
         if not runs:
-            rows.append((f"throughput: {labels[kind]}", "FAILED", "", ""))
+            ctx.row(f"throughput: {labels[kind]}", "FAILED", "", "", others)
             continue
         rate = statistics.median(r.rate for r in runs)
         cpu = statistics.median(r.cpu_us for r in runs)
@@ -772,179 +893,221 @@ async def _run_all(bootstrap: str, broker_kind: str) -> int:
         )
         if kind == "pipeline" and base_rate:
             figures += f"; targets: >= 1.0x throughput (1.5x = {1.5 * base_rate:,.0f}/s), CPU <= 2.0x"
-        rows.append(
-            (
-                f"throughput: {labels[kind]}",
-                _ratio(rate, base_rate),
-                "naive passthrough" if kind != "naive" else "(baseline)",
-                figures,
-            )
-        )
-    pipeline_rate = statistics.median(r.rate for r in results["pipeline"]) if results["pipeline"] else 0.0
+        baseline = "naive passthrough" if kind != "naive" else "(baseline)"
+        ctx.row(f"throughput: {labels[kind]}", _ratio(rate, base_rate), baseline, figures, others)
+    if results["pipeline"]:
+        ctx.pipeline_rate = statistics.median(r.rate for r in results["pipeline"])
 
-    # 2. latency at half the worker's measured throughput, the naive passthrough at the same load.
-    if pipeline_rate:
-        rate = LATENCY_LOAD * pipeline_rate
-        latency: dict[str, RunResult] = {}
-        for kind in ("naive", "batched", "pipeline"):
-            try:
-                latency[kind] = await latency_run(kind, bootstrap, rate, LATENCY_SECONDS, fetch_wait)
-            except Exception as exc:
-                failures += 1
-                console.print(f"[red]latency {kind} failed[/]: {exc}")
-                continue
-            lat = latency[kind].latency_ms
-            console.print(
-                f"latency {kind:8} at {rate:,.0f}/s: "
-                + ", ".join(
-                    f"{k} p50 {percentile(v, 0.5):.0f} p99 {percentile(v, 0.99):.0f} ms (n={len(v)})"
-                    for k, v in sorted(lat.items())
-                )
-                + f"; worker {latency[kind].cpu_share:.2f} cores"
-            )
-        naive_all = (
-            [v for values in latency["naive"].latency_ms.values() for v in values]
-            if "naive" in latency
-            else []
-        )
-        base_p50, base_p99 = percentile(naive_all, 0.5), percentile(naive_all, 0.99)
-        load = f"{rate:,.0f} events/s for {LATENCY_SECONDS:.0f} s"
-        if "batched" in latency:
-            batched_all = [v for values in latency["batched"].latency_ms.values() for v in values]
-            p50, p99 = percentile(batched_all, 0.5), percentile(batched_all, 0.99)
-            rows.append(
-                (
-                    "latency: batched passthrough (p50 / p99)",
-                    f"{_ratio(p50, base_p50)} / {_ratio(p99, base_p99)}",
-                    "naive passthrough, same load",
-                    f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms at {load}",
-                )
-            )
-        if "pipeline" in latency:
-            for kind in ("RESPONSE_SCORED", "TRACE_SCORED", "CLAIM_SCORED", "SYNTHESIS_SCORED"):
-                values = latency["pipeline"].latency_ms.get(kind, [])
-                if not values:
-                    continue
-                p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
-                target = "; target p50 < 20, p99 < 50 ms" if kind == "RESPONSE_SCORED" else ""
-                rows.append(
-                    (
-                        f"latency: {kind} (p50 / p99)",
-                        f"{_ratio(p50, base_p50)} / {_ratio(p99, base_p99)}",
-                        "naive passthrough, same load",
-                        f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms at {load} "
-                        f"(n={len(values)}){target}",
-                    )
-                )
-    else:
-        rows.append(("latency", "SKIPPED", "", "no worker throughput to derive the load from"))
 
-    # 3. memory curve.
-    try:
-        memory = await memory_run(bootstrap, fetch_wait)
+async def _latency(ctx: Context) -> None:
+    """Section 2: at half the worker's measured throughput; the passthroughs at the same load."""
+    if not ctx.pipeline_rate:
+        ctx.row("latency", "SKIPPED", "", "no worker throughput to derive the load from", 0.0)
+        return
+    ctx.machine.others()
+    rate = LATENCY_LOAD * ctx.pipeline_rate
+    latency: dict[str, RunResult] = {}
+    for kind in ("naive", "batched", "pipeline"):
+        try:
+            latency[kind] = await latency_run(kind, ctx.bootstrap, rate, LATENCY_SECONDS, ctx.fetch_wait)
+        except Exception as exc:
+            ctx.failed(f"latency {kind}", exc)
+            continue
         console.print(
-            f"memory curve: {memory.events:,} events over {memory.traces:,} traces, event time spanning "
-            f"{MEMORY_SPAN_DAYS:.0f} days, SWEEP_INTERVAL_SECONDS={MEMORY_SWEEP_SECONDS:.0f}"
-            + (f", [yellow]stopped at the {MEMORY_SECONDS:.0f} s cap[/]" if memory.capped else "")
+            f"latency {kind:8} at {rate:,.0f}/s: "
+            + ", ".join(
+                f"{k} p50 {percentile(v, 0.5):.0f} p99 {percentile(v, 0.99):.0f} ms (n={len(v)})"
+                for k, v in sorted(latency[kind].latency_ms.items())
+            )
+            + f"; worker {latency[kind].cpu_share:.2f} cores"
         )
-        previous: MemoryPoint | None = None
-        for point in memory.points:
-            tables = ", ".join(f"{k} {v:,}" for k, v in sorted(point.tables.items()))
-            rate = (
-                (point.processed - previous.processed) / max(point.seconds - previous.seconds, 1e-3)
-                if previous is not None
-                else 0.0
-            )
-            previous = point
-            console.print(
-                f"  {point.seconds:6.1f} s  {point.processed:8,} events ({rate:6,.0f}/s)  "
-                f"RSS {point.rss_mb:6.1f} MB  tables: {tables or 'not swept yet'}"
-            )
-        if memory.points:
-            last = memory.points[-1]
-            half = min(memory.points, key=lambda p: abs(p.processed - last.processed / 2))
-            rows.append(
-                (
-                    "memory: worker RSS, end vs half-way",
-                    _ratio(last.rss_mb, half.rss_mb),
-                    f"RSS at {half.processed:,} events",
-                    f"{last.rss_mb:.0f} MB at {last.processed:,} vs {half.rss_mb:.0f} MB; "
-                    f"{memory.traces:,} traces; tables at end: "
-                    + ", ".join(f"{k} {v:,}" for k, v in sorted(last.tables.items()))
-                    + (" (time cap reached)" if memory.capped else ""),
-                )
-            )
-    except Exception as exc:
-        failures += 1
-        console.print(f"[red]memory run failed[/]: {exc}")
-        rows.append(("memory", "FAILED", "", str(exc)[:80]))
+    others = ctx.machine.others()
+    naive = (
+        [v for values in latency["naive"].latency_ms.values() for v in values] if "naive" in latency else []
+    )
+    base_p50, base_p99 = percentile(naive, 0.5), percentile(naive, 0.99)
+    load = f"{rate:,.0f} events/s for {LATENCY_SECONDS:.0f} s"
+    rows: list[tuple[str, list[int]]] = []
+    if "batched" in latency:
+        rows.append(("batched passthrough", [v for vs in latency["batched"].latency_ms.values() for v in vs]))
+    if "pipeline" in latency:
+        for kind in ("RESPONSE_SCORED", "TRACE_SCORED", "CLAIM_SCORED", "SYNTHESIS_SCORED"):
+            if latency["pipeline"].latency_ms.get(kind):
+                rows.append((kind, latency["pipeline"].latency_ms[kind]))
+    for name, values in rows:
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        target = "; target p50 < 20, p99 < 50 ms" if name == "RESPONSE_SCORED" else ""
+        ctx.row(
+            f"latency: {name} (p50 / p99)",
+            f"{_ratio(p50, base_p50)} / {_ratio(p99, base_p99)}",
+            "naive passthrough, same load",
+            f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms at {load} (n={len(values)}){target}",
+            others,
+        )
 
-    # 4. scale-out.
-    scale_mix = build_mix(SCALE_EVENTS, SCALE_EVENTS // 7, seed=3, run="scale")
+
+async def _memory(ctx: Context) -> None:
+    """Section 3: the memory curve of a larger run."""
+    ctx.machine.others()
+    try:
+        memory = await memory_run(ctx.bootstrap, ctx.fetch_wait)
+    except Exception as exc:
+        ctx.failed("memory run", exc)
+        ctx.row("memory", "FAILED", "", str(exc)[:80], ctx.machine.others())
+        return
+    others = ctx.machine.others()
+    console.print(
+        f"memory curve: {memory.events:,} events over {memory.traces:,} traces, event time spanning "
+        f"{MEMORY_SPAN_DAYS:.0f} days, SWEEP_INTERVAL_SECONDS={MEMORY_SWEEP_SECONDS:.0f}"
+        + (f", [yellow]stopped at the {MEMORY_SECONDS:.0f} s cap[/]" if memory.capped else "")
+    )
+    previous: MemoryPoint | None = None
+    step = max(1, len(memory.points) // 30)  # about 30 lines, the last point always
+    for index, point in enumerate(memory.points):
+        if index % step and index != len(memory.points) - 1:
+            continue
+        tables = ", ".join(f"{k} {v:,}" for k, v in sorted(point.tables.items()))
+        rate = (
+            (point.processed - previous.processed) / max(point.seconds - previous.seconds, 1e-3)
+            if previous is not None
+            else 0.0
+        )
+        previous = point
+        console.print(
+            f"  {point.seconds:6.1f} s  {point.processed:8,} events ({rate:6,.0f}/s)  "
+            f"RSS {point.rss_mb:6.1f} MB  tables: {tables or 'not swept yet'}"
+        )
+    if not memory.points:
+        return
+    last = memory.points[-1]
+    half = min(memory.points, key=lambda p: abs(p.processed - last.processed / 2))
+    ctx.row(
+        "memory: worker RSS, end vs half-way",
+        _ratio(last.rss_mb, half.rss_mb),
+        f"RSS at {half.processed:,} events",
+        f"{last.rss_mb:.0f} MB at {last.processed:,} events vs {half.rss_mb:.0f} MB; {memory.traces:,} "
+        f"traces over {MEMORY_SPAN_DAYS:.0f} days of event time; table keys at end: "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(last.tables.items()))
+        + " (half-way: "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(half.tables.items()))
+        + ")"
+        + (" (time cap reached)" if memory.capped else ""),
+        others,
+    )
+
+
+async def _scale(ctx: Context) -> None:
+    """Section 4: 1 vs 2 workers on SCALE_PARTITIONS partitions."""
+    ctx.machine.others()
+    mix = build_mix(SCALE_EVENTS, SCALE_EVENTS // 7, seed=3, run="scale")
     scale: dict[int, RunResult] = {}
     for workers in (1, 2):
         try:
-            scale[workers] = await scale_run(workers, bootstrap, scale_mix, fetch_wait)
+            scale[workers] = await scale_run(workers, ctx.bootstrap, mix, ctx.fetch_wait)
         except Exception as exc:
-            failures += 1
-            console.print(f"[red]scale-out with {workers} worker(s) failed[/]: {exc}")
+            ctx.failed(f"scale-out with {workers} worker(s)", exc)
             continue
         r = scale[workers]
         console.print(
             f"scale-out {workers} worker(s): {r.rate:,.0f} events/s, {r.cpu_us:.0f} us CPU/event, "
             f"{r.cpu_share:.2f} cores, RSS {r.rss_mb:.0f} MB (sum)"
         )
+    others = ctx.machine.others()
     if 1 in scale and 2 in scale:
-        rows.append(
-            (
-                f"scale-out: 2 workers vs 1, {SCALE_PARTITIONS} partitions",
-                _ratio(scale[2].rate, scale[1].rate),
-                "1 worker",
-                f"{scale[2].rate:,.0f} vs {scale[1].rate:,.0f} events/s ({len(scale_mix.records):,} events); "
-                f"the machine has {os.cpu_count()} cores, shared with the broker and the producer",
-            )
+        ctx.row(
+            f"scale-out: 2 workers vs 1, {SCALE_PARTITIONS} partitions",
+            _ratio(scale[2].rate, scale[1].rate),
+            "1 worker",
+            f"{scale[2].rate:,.0f} vs {scale[1].rate:,.0f} events/s, {scale[2].cpu_us:.0f} vs "
+            f"{scale[1].cpu_us:.0f} us CPU/event ({len(mix.records):,} events, produced once all were "
+            f"ready); the machine has {os.cpu_count()} cores, shared with the broker and the producer",
+            others,
         )
 
+
+async def _profile(ctx: Context) -> None:
+    """One untimed worker run under py-spy: where the worker's CPU goes."""
+    ctx.machine.others()
+    try:
+        mix = build_mix(2 * MIX_EVENTS, 2 * MIX_TRACES, seed=77, run="profile")
+        top = await profile_run(ctx.bootstrap, mix, ctx.fetch_wait)
+    except Exception as exc:
+        ctx.failed("profile", exc)
+        return
+    if not top:
+        return
+    profile = Table(
+        title=f"worker self time under py-spy, a run of {2 * MIX_EVENTS:,} mix events: top 10 functions "
+        f"and top packages, share of the samples not waiting in select (others: "
+        f"{ctx.machine.others():.2f} cores)"
+    )
+    for column in ("function (file)", "share", "seconds"):
+        profile.add_column(column, justify="left" if column.startswith("function") else "right")
+    for name, share, seconds in top:
+        profile.add_row(name, f"{100 * share:.1f}%", f"{seconds:.2f}")
+    console.print(profile)
+
+
+SECTIONS = {"throughput": _throughput, "latency": _latency, "memory": _memory, "scale": _scale}
+
+
+async def _run_all(bootstrap: str, broker_kind: str, machine: Machine) -> int:
+    fetch_wait, worker_has_setting = fetch_wait_setting()
+    wanted = {s.strip() for s in os.environ.get("BENCH_ONLY", ",".join(SECTIONS)).split(",") if s.strip()}
+    if "latency" in wanted:
+        wanted.add("throughput")  # the load is half the worker's measured throughput
+    unknown = wanted - set(SECTIONS)
+    if unknown:
+        console.print(
+            f"[red]BENCH_ONLY names unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)}[/]"
+        )
+        return 1
+    mix = build_mix(MIX_EVENTS, MIX_TRACES)
+    ctx = Context(bootstrap, fetch_wait, mix, machine)
+    console.print(f"mix: {mix.describe()}; load average before: {_loadavg()}")
+    console.print(
+        f"fetch wait {fetch_wait} ms (worker setting {'present' if worker_has_setting else 'absent'}), "
+        f"{PARTITIONS} partition(s), {RUNS} run(s) each, sections {', '.join(s for s in SECTIONS if s in wanted)}, "
+        f"work dir {WORKDIR}"
+    )
+    for name, section in SECTIONS.items():
+        if name in wanted:
+            await section(ctx)
     if PROFILE:
-        try:
-            profile_mix = build_mix(2 * MIX_EVENTS, 2 * MIX_TRACES, seed=77, run="profile")
-            top = await profile_run(bootstrap, profile_mix, fetch_wait)
-        except Exception as exc:
-            failures += 1
-            console.print(f"[red]profile failed[/]: {exc}")
-            top = None
-        if top:
-            profile = Table(title="worker self time under py-spy (top 10, share of active samples)")
-            for column in ("function (file)", "share", "seconds"):
-                profile.add_column(column, justify="left" if column.startswith("function") else "right")
-            for name, share, seconds in top:
-                profile.add_row(name, f"{100 * share:.1f}%", f"{seconds:.2f}")
-            console.print(profile)
+        await _profile(ctx)
 
     table = Table(
         title=(
-            f"pipeline benchmark: {broker_kind} broker, {os.cpu_count()} cores, fetch wait {fetch_wait} ms, "
-            f"{PARTITIONS} partition(s), {RUNS} run(s) each (median [min-max]); mix {mix.describe()}"
+            f"pipeline benchmark ({_revision()}): {broker_kind} broker, {os.cpu_count()} cores, "
+            f"fetch wait {fetch_wait} ms, {PARTITIONS} partition(s), {RUNS} run(s) each "
+            f"(median \\[min-max]); mix {mix.describe()}"
         )
     )
-    for column in ("measurement", "ratio", "baseline (same run)", "absolute figures"):
-        table.add_column(column, justify="right" if column == "ratio" else "left")
-    for row in rows:
+    for column in ("measurement", "ratio", "baseline (same run)", "absolute figures", "others"):
+        table.add_column(column, justify="right" if column in ("ratio", "others") else "left")
+    for row in ctx.rows:
         table.add_row(*row)
-    notes.append(f"load average after: {_loadavg()} (1, 5, 15 min; other processes distort every figure)")
-    for note in notes:
-        console.print(note)
+    if not worker_has_setting and fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
+        console.print(
+            f"[red]the worker has no CONSUMER_FETCH_MAX_WAIT_MS setting: it uses Faust's "
+            f"{FAUST_FETCH_MAX_WAIT_MS} ms while the passthroughs use {fetch_wait} ms[/]"
+        )
+    console.print(
+        "others: cores used by processes outside this benchmark during the section (the machine has "
+        f"{os.cpu_count()}); load average after: {_loadavg()}"
+    )
     console.print(table)
-    return failures
+    return ctx.failures
 
 
 def main() -> int:
     global WORKDIR
     WORKDIR = tempfile.mkdtemp(prefix="confidence-bench-")
     started = time.monotonic()
+    machine = Machine()
     with broker() as running:
         try:
-            failures = asyncio.run(_run_all(running.bootstrap_servers, running.kind))
+            failures = asyncio.run(_run_all(running.bootstrap_servers, running.kind, machine))
         except Exception:
             traceback.print_exc()
             failures = 1
