@@ -96,7 +96,7 @@ def _print_curve(points: list[Point], every: int) -> None:
             )
 
 
-CLAIM_TTL_FACTOR = 4  # claim TTL in trace TTLs (see the deployment below)
+CLAIM_TTL_FACTOR = 10  # claim TTL in trace TTLs (see the deployment below)
 
 
 def _trace_on(partition: int, partitions: int) -> str:
@@ -120,7 +120,8 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         TRACE_TTL_HOURS=f"{ttl_hours:.6f}",
         # Claims age against their tenant partition's newest claim, which the most advanced input
         # partition drives: with thousands of records of skew between input partitions a claim TTL of
-        # one trace TTL swept targets before their supporters arrived (347 of 240,000 outputs). Four.
+        # one trace TTL swept targets before their supporters arrived (347 of 240,000 outputs; 281 with
+        # four). The TTL must exceed the event-time skew between input partitions (README "Expiry").
         CLAIM_TTL_DAYS=f"{CLAIM_TTL_FACTOR * ttl_hours / 24:.8f}",
         # Agent history is kept per (tenant, agent) for HISTORY_RETENTION_HOURS of event time; keep
         # that within the run too, or every agent's history grows for the whole soak.
@@ -179,7 +180,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # Final events far ahead in event time. Expiry clocks are per partition, so: a tool invocation
         # in a trace on every input partition, and a claim for every tenant (claims age against their
         # tenant's partition). Everything before them is then past its TTL.
-        clock_time = events + 3 * ttl_events
+        clock_time = events + (CLAIM_TTL_FACTOR + 2) * ttl_events  # past the claim TTL too
         partitions = d.settings.topic_partitions
         clock_traces = [_trace_on(p, partitions) for p in range(partitions)]
         clock = [
