@@ -94,3 +94,4 @@ class ClaimMessage(BaseModel):
     tenant_id: str
     arrived: ClaimArrived
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+    source_partition: int = Field(0, description="Input partition the claim came from (expiry watermark).")

@@ -30,10 +30,12 @@ def tenant_partition(tenant_id: str, partitions: int) -> int:
 
 
 def claim_message(
-    settings: Settings, tenant_id: str, arrived: claim_graph.ClaimArrived, received_at: float
+    settings: Settings, tenant_id: str, arrived: claim_graph.ClaimArrived, source: InputRecord
 ) -> Record:
     """The record that carries a CLAIM input from stage 1 to the claim stage (key and partition: tenant)."""
-    value = ClaimMessage(tenant_id=tenant_id, arrived=arrived, received_at=received_at)
+    value = ClaimMessage(
+        tenant_id=tenant_id, arrived=arrived, received_at=source.timestamp, source_partition=source.partition
+    )
     return Record(
         settings.claims_topic,
         tenant_id.encode(),
@@ -88,7 +90,7 @@ class ClaimStage:
         for claim_id, node in update.nodes.items():
             dirty[table_key(tenant, claim_id)] = ClaimWrite(node, record.partition)
         event_time = message.arrived.event_time
-        self.clock.saw(record.partition, event_time)
+        self.clock.saw(record.partition, event_time, source=message.source_partition)
         for score in update.scores:
             self._emit(tenant, score, message.received_at, out)
 

@@ -51,27 +51,30 @@ class Record:
 
 
 class ExpiryClock:
-    """Event time per input partition, which state on that partition expires against.
+    """Event time per partition, which state on that partition expires against.
 
     One clock per partition, not per worker: partitions are consumed unevenly (one may be far behind
-    another), and a worker-wide newest time swept state that its own partition was still using. An
-    event time more than `max_ahead` past the wall clock moves the clock only to that bound, so one
-    future-dated event cannot expire a partition's state at once.
+    another), and a worker-wide newest time swept state that its own partition was still using. A
+    partition fed by several upstream partitions (the claims topic) keeps the newest time per upstream
+    `source` and reads the *oldest* of those (a watermark), so a lagging upstream partition's state is
+    not swept because another one ran ahead. An event time more than `max_ahead` past the wall clock
+    moves the clock only to that bound, so one future-dated event cannot expire a partition's state.
     """
 
     def __init__(self, max_ahead: timedelta) -> None:
         self.max_ahead = max_ahead
-        self._newest: dict[int, datetime] = {}
+        self._newest: dict[int, dict[int, datetime]] = {}
 
-    def saw(self, partition: int, event_time: datetime) -> None:
+    def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
         bounded = min(event_time, now() + self.max_ahead)
-        current = self._newest.get(partition)
+        sources = self._newest.setdefault(partition, {})
+        current = sources.get(source)
         if current is None or bounded > current:
-            self._newest[partition] = bounded
+            sources[source] = bounded
 
     def idle_longer_than(self, partition: int, last_event_time: datetime, ttl: timedelta) -> bool:
-        newest = self._newest.get(partition)
-        return newest is not None and newest - last_event_time > ttl
+        sources = self._newest.get(partition)
+        return bool(sources) and min(sources.values()) - last_event_time > ttl
 
 
 def now() -> datetime:

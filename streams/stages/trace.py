@@ -239,7 +239,7 @@ class TraceStage:
         arrived = claim_graph.ClaimArrived(
             definition=claim_definition(event), source_event_id=event.event_id, event_time=event.timestamp
         )
-        out.records.append(claim_message(self.settings, event.tenant_id, arrived, record.timestamp))
+        out.records.append(claim_message(self.settings, event.tenant_id, arrived, record))
 
     def _forward(
         self,

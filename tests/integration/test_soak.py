@@ -96,7 +96,7 @@ def _print_curve(points: list[Point], every: int) -> None:
             )
 
 
-CLAIM_TTL_FACTOR = 10  # claim TTL in trace TTLs (see the deployment below)
+CLAIM_TTL_FACTOR = 2  # claim TTL in trace TTLs (see the deployment below)
 
 
 def _trace_on(partition: int, partitions: int) -> str:
@@ -118,10 +118,10 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
     d = deploy(
         kafka,
         TRACE_TTL_HOURS=f"{ttl_hours:.6f}",
-        # Claims age against their tenant partition's newest claim, which the most advanced input
-        # partition drives: with thousands of records of skew between input partitions a claim TTL of
-        # one trace TTL swept targets before their supporters arrived (347 of 240,000 outputs; 281 with
-        # four). The TTL must exceed the event-time skew between input partitions (README "Expiry").
+        # Claims come from every input partition. When their expiry clock was the newest claim's time,
+        # skew between input partitions swept targets before their supporters arrived (347 of 240,000
+        # outputs with a claim TTL of one trace TTL, 173 with ten); now it is a watermark over the
+        # upstream partitions. Two trace TTLs: a target outlives its trace's supporter by design.
         CLAIM_TTL_DAYS=f"{CLAIM_TTL_FACTOR * ttl_hours / 24:.8f}",
         # Agent history is kept per (tenant, agent) for HISTORY_RETENTION_HOURS of event time; keep
         # that within the run too, or every agent's history grows for the whole soak.
@@ -187,8 +187,14 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
             {**soak_event(run, traces + i, 0, clock_time), "trace_id": trace}
             for i, trace in enumerate(clock_traces)
         ]
+        # Claims: for every tenant from every input partition (the claim stage's expiry clock is the
+        # oldest of its upstream partitions' newest event times).
         clock += [
-            {**soak_event(run, traces + t, 2, clock_time), "trace_id": clock_traces[0]}
+            {
+                **soak_event(run, traces + len(clock_traces) + i * TENANTS + t, 2, clock_time),
+                "trace_id": trace,
+            }
+            for i, trace in enumerate(clock_traces)
             for t in range(TENANTS)
         ]
         clock_outputs = len(clock)  # one TRACE_SCORED or CLAIM_SCORED each
@@ -199,7 +205,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
             if (
                 final.processed >= events + len(clock)
                 and final.keys.get("traces") == len({(e["tenant_id"], e["trace_id"]) for e in clock})
-                and final.keys.get("claims") == TENANTS
+                and final.keys.get("claims") == TENANTS * len(clock_traces)
             ):
                 break
             assert time.monotonic() < swept_deadline, f"expired state never left the tables: {final}"

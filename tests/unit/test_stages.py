@@ -72,3 +72,21 @@ def test_a_scorer_failure_dead_letters_that_event_only(monkeypatch: pytest.Monke
     assert [o["source_event_id"] for o in scored] == ["e2"]
     state = next(iter(states.values()))
     assert "e1" not in state.remembered and "e2" in state.remembered
+
+
+def test_expiry_clock_is_per_partition_and_a_watermark_over_sources() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from streams.stages.common import ExpiryClock
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    clock = ExpiryClock(max_ahead=hour)
+    clock.saw(0, t0 + 10 * hour, source=0)
+    clock.saw(0, t0 + 2 * hour, source=1)  # a lagging upstream partition holds the clock back
+    clock.saw(1, t0 + 10 * hour)
+    assert not clock.idle_longer_than(0, t0, 3 * hour)  # oldest source: 2 h, within 3 h
+    assert clock.idle_longer_than(1, t0, 3 * hour)  # partition 1's own clock: 10 h
+    assert not clock.idle_longer_than(2, t0, timedelta(0))  # a partition never seen expires nothing
+    clock.saw(1, datetime(2999, 1, 1, tzinfo=UTC))  # far future: bounded by the wall clock + 1 h
+    assert not clock.idle_longer_than(1, datetime.now(UTC) - hour, 3 * hour)
