@@ -46,7 +46,7 @@ class DecodedStates(Generic[M]):
     writer leaves new bytes and the value is decoded again). Bounded: oldest entries are dropped.
     """
 
-    def __init__(self, table: faust.Table, model: type[M], max_entries: int = 4096) -> None:
+    def __init__(self, table: faust.Table, model: type[M], max_entries: int = 1024) -> None:
         self.table = table
         self.model = model
         self.max_entries = max_entries
