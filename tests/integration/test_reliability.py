@@ -183,9 +183,9 @@ def _platform_env(kafka: RunningBroker, **extra: str) -> dict[str, str]:
     return worker_env(kafka.bootstrap_servers, suffix, workdir, free_port(), **extra)
 
 
-def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
-    """A platform team created only the four public topics (1 partition) and no internal ones."""
-    env = _platform_env(kafka, TOPIC_PARTITIONS="1")
+def _public_topics_only(kafka: RunningBroker, **extra: str) -> Deployment:
+    """What a platform team might set up: the four public topics (1 partition), no internal ones."""
+    env = _platform_env(kafka, TOPIC_PARTITIONS="1", **extra)
     settings = load_settings(**{k.lower(): v for k, v in env.items()})
     public = [
         settings.input_topic_names[0],
@@ -194,7 +194,12 @@ def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
         settings.dlq_topic,
     ]
     asyncio.run(_create(kafka.bootstrap_servers, public, 1))
-    d = Deployment(kafka, "", settings, env, env["DATA_DIR"])
+    return Deployment(kafka, "", settings, env, env["DATA_DIR"])
+
+
+def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
+    """A platform team created only the four public topics (1 partition) and no internal ones."""
+    d = _public_topics_only(kafka)
     events = [EventFactory(tenant="platform").response(f"pl-{i}", minutes=i) for i in range(20)]
     ids = {e["event_id"] for e in events}
     d.start_worker()
@@ -231,16 +236,7 @@ def test_no_output_lost_when_topics_were_created_by_someone_else_and_worker_rest
     kafka: RunningBroker,
 ) -> None:
     """The issue's reproduction: public topics only, a worker, then a second worker after the first."""
-    env = _platform_env(kafka, TOPIC_PARTITIONS="1", BATCH_SIZE="5")
-    settings = load_settings(**{k.lower(): v for k, v in env.items()})
-    public = [
-        settings.input_topic_names[0],
-        settings.scored_topic,
-        settings.flagged_topic,
-        settings.dlq_topic,
-    ]
-    asyncio.run(_create(kafka.bootstrap_servers, public, 1))
-    d = Deployment(kafka, "", settings, env, env["DATA_DIR"])
+    d = _public_topics_only(kafka, BATCH_SIZE="5")
     f = EventFactory(tenant="restart")
     first_half = [f.response(f"rs-{i}", minutes=i, agent=f"a{i % 3}") for i in range(10)]
     second_half = [f.response(f"rs-{i}", minutes=i, agent=f"a{i % 3}") for i in range(10, 20)]
