@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 __all__ = ["Consumed", "WorkerProcess", "collect", "produce"]
 
@@ -26,6 +26,19 @@ class Consumed:
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
     timestamp_ms: int
+
+    @classmethod
+    def of(cls, message: ConsumerRecord[bytes, bytes]) -> Consumed:
+        """The parts of an aiokafka record the callers read (a missing value becomes b"")."""
+        return cls(
+            message.topic,
+            message.partition,
+            message.offset,
+            message.key,
+            message.value or b"",
+            tuple((k, v) for k, v in (message.headers or ())),
+            message.timestamp,
+        )
 
 
 async def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]]) -> int:
@@ -71,18 +84,7 @@ async def collect(
                 raise TimeoutError(f"condition not met after {timeout:.0f}s with {len(records)} records")
             batches = await consumer.getmany(timeout_ms=int(min(remaining, 0.5) * 1000))
             for batch in batches.values():
-                for m in batch:
-                    records.append(
-                        Consumed(
-                            m.topic,
-                            m.partition,
-                            m.offset,
-                            m.key,
-                            m.value or b"",
-                            tuple((k, v) for k, v in (m.headers or ())),
-                            m.timestamp,
-                        )
-                    )
+                records.extend(Consumed.of(m) for m in batch)
     finally:
         await consumer.stop()
     return records

@@ -107,17 +107,7 @@ async def _read_every_topic(bootstrap: str, idle_polls: int = 4) -> Audit:
             for tp, batch in batches.items():
                 for m in batch:
                     got += 1
-                    records[tp.topic].append(
-                        Consumed(
-                            m.topic,
-                            m.partition,
-                            m.offset,
-                            m.key,
-                            m.value or b"",
-                            tuple((k, v) for k, v in (m.headers or ())),
-                            m.timestamp,
-                        )
-                    )
+                    records[tp.topic].append(Consumed.of(m))
             empty = 0 if got else empty + 1
             positions = {tp: await consumer.position(tp) for tp in partitions}
             at_end = all(positions[tp] >= ends[tp] for tp in partitions)
