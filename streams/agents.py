@@ -25,8 +25,9 @@ from streams.app import AckedTable, Service
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
+from streams.stages.calibration import CalibrationWrite
 from streams.stages.claims import ClaimWrite
-from streams.state import AgentHistory, TraceState
+from streams.state import AgentHistory, GroupCalibration, SubjectEntry, TraceState
 
 __all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
 
@@ -118,10 +119,10 @@ async def _hold_unacknowledged() -> None:
 class BatchRunner:
     """Runs one stage's batches with the at-least-once order: outputs, then state, then ack."""
 
-    def __init__(self, svc: Service, agent: str, table: AckedTable) -> None:
+    def __init__(self, svc: Service, agent: str, *tables: AckedTable) -> None:
         self.svc = svc
         self.agent = agent
-        self.table = table
+        self.tables = tables
 
     async def run(
         self,
@@ -161,7 +162,7 @@ class BatchRunner:
         for key, state in states.items():
             write(key, state)
             self._inject("table", batch)
-        await self._acknowledged(self.table.take_pending_writes())
+        await self._acknowledged([w for table in self.tables for w in table.take_pending_writes()])
 
     async def _send(self, record: Record) -> Awaitable[Any]:
         producer = self.svc.app.producer
@@ -179,11 +180,13 @@ class BatchRunner:
 
 
 def attach_agents(svc: Service) -> None:
-    """Register the three stage agents and the state sweeps on `svc.app`."""
+    """Register the four stage agents and the state sweeps on `svc.app`."""
     app, settings = svc.app, svc.settings
     traces = DecodedStates(svc.traces, TraceState)
     histories = DecodedStates(svc.agents_history, AgentHistory)
     claims = DecodedStates(svc.claims, ClaimNode)
+    subjects = DecodedStates(svc.calibration_subjects, SubjectEntry)
+    groups = DecodedStates(svc.calibration_groups, GroupCalibration)
 
     def write_trace(key: bytes, state: TraceState) -> None:
         svc.traces.set_from(key, traces.encode(key, state), state.partition)
@@ -193,6 +196,12 @@ def attach_agents(svc: Service) -> None:
 
     def write_claim(key: bytes, write: ClaimWrite) -> None:
         svc.claims.set_from(key, claims.encode(key, write.node), write.partition)
+
+    def write_calibration(key: bytes, write: CalibrationWrite) -> None:
+        if isinstance(write.value, SubjectEntry):
+            svc.calibration_subjects.set_from(key, subjects.encode(key, write.value), write.partition)
+        else:
+            svc.calibration_groups.set_from(key, groups.encode(key, write.value), write.partition)
 
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
@@ -210,6 +219,14 @@ def attach_agents(svc: Service) -> None:
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
         await BatchRunner(svc, "score-claims", svc.claims).run(
             stream, lambda records: svc.claim_stage.process(records, claims.load), write_claim
+        )
+
+    @app.agent(svc.calibration_topic, name="calibrate")
+    async def calibrate(stream: faust.StreamT[bytes]) -> None:
+        await BatchRunner(svc, "calibrate", svc.calibration_subjects, svc.calibration_groups).run(
+            stream,
+            lambda records: svc.calibration_stage.process(records, subjects.load, groups.load),
+            write_calibration,
         )
 
     @app.timer(interval=settings.sweep_interval_seconds)
@@ -231,9 +248,12 @@ def attach_agents(svc: Service) -> None:
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
+        unmatched = _sweep_calibration(svc, subjects, groups)
         svc.metrics.table_keys.labels("traces").set(len(svc.traces))
         svc.metrics.table_keys.labels("agent-history").set(len(svc.agents_history))
         svc.metrics.table_keys.labels("claims").set(len(svc.claims))
+        svc.metrics.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
+        svc.metrics.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
         if expired_traces or expired_claims:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
@@ -241,5 +261,32 @@ def attach_agents(svc: Service) -> None:
         # Sweep deletions are not tied to an input offset; collect their futures so they don't pile up.
         svc.traces.take_pending_writes()
         svc.claims.take_pending_writes()
+        svc.calibration_subjects.take_pending_writes()
+        svc.calibration_groups.take_pending_writes()
+        if unmatched:
+            log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 
-    del score_events, score_responses, score_claims, sweep_expired_state  # registered on the app
+    del score_events, score_responses, score_claims, calibrate, sweep_expired_state  # registered on the app
+
+
+def _sweep_calibration(
+    svc: Service, subjects: DecodedStates[SubjectEntry], groups: DecodedStates[GroupCalibration]
+) -> int:
+    """Expire scores past the join window, unmatched outcomes and idle groups; return the unmatched."""
+    stage = svc.calibration_stage
+    unmatched = 0
+    for key, raw in list(svc.calibration_subjects.items()):
+        entry = SubjectEntry.model_validate_json(raw)
+        kept, dropped = stage.sweep_subject(key, entry)
+        unmatched += dropped
+        if kept is None:
+            svc.calibration_subjects.set_from(key, None, stage.partition_of(key))
+            subjects.forget(key)
+        elif kept is not entry:
+            svc.calibration_subjects.set_from(key, subjects.encode(key, kept), stage.partition_of(key))
+    svc.metrics.outcomes_unmatched.inc(unmatched)
+    for key, raw in list(svc.calibration_groups.items()):
+        if stage.group_expired(key, GroupCalibration.model_validate_json(raw)):
+            svc.calibration_groups.set_from(key, None, stage.partition_of(key))
+            groups.forget(key)
+    return unmatched

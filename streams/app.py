@@ -14,7 +14,7 @@ from streams.config import ScoringConfigs, Settings, scoring_configs
 from streams.faults import FaultInjector
 from streams.health import Health
 from streams.recovery import SeekThenResumeTableManager
-from streams.stages import AgentStage, ClaimStage, TraceStage
+from streams.stages import AgentStage, CalibrationStage, ClaimStage, TraceStage
 from streams.transport import FetchWaitApp
 
 __all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
@@ -82,13 +82,17 @@ class Service:
     input_topic: faust.TopicT
     responses_topic: faust.TopicT
     claims_topic: faust.TopicT
+    calibration_topic: faust.TopicT
     output_topics: tuple[faust.TopicT, ...]
     traces: SourcePartitionedTable
     agents_history: AckedTable
     claims: SourcePartitionedTable
+    calibration_subjects: SourcePartitionedTable
+    calibration_groups: SourcePartitionedTable
     trace_stage: TraceStage
     agent_stage: AgentStage
     claim_stage: ClaimStage
+    calibration_stage: CalibrationStage
     faults: FaultInjector
     health: Health = field(default_factory=Health)
 
@@ -133,6 +137,9 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     claims_topic = app.topic(
         settings.claims_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
     )
+    calibration_topic = app.topic(
+        settings.calibration_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
+    )
     output_topics = tuple(
         app.topic(name, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions)
         for name in (settings.scored_topic, settings.flagged_topic, settings.dlq_topic)
@@ -171,6 +178,28 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         help="Claim graph nodes per (tenant, claim_id), partitioned by tenant.",
     )
     app.tables.add(claims)
+    # The calibration join: scores and waiting outcomes per subject, and the calibration groups;
+    # both keyed (tenant, ...) and consumed by tenant, like the claims.
+    calibration_subjects = SourcePartitionedTable(
+        app,
+        name="calibration-subjects",
+        beacon=app.tables.beacon,
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="Per scored subject: its latest score, counted outcomes and outcomes waiting for it.",
+    )
+    app.tables.add(calibration_subjects)
+    calibration_groups = SourcePartitionedTable(
+        app,
+        name="calibration-groups",
+        beacon=app.tables.beacon,
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="Per (tenant, model or agent type, score kind): hourly reliability bins.",
+    )
+    app.tables.add(calibration_groups)
     return Service(
         settings=settings,
         app=app,
@@ -180,12 +209,16 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         input_topic=input_topic,
         responses_topic=responses_topic,
         claims_topic=claims_topic,
+        calibration_topic=calibration_topic,
         output_topics=output_topics,
         traces=traces,
         agents_history=agents_history,
         claims=claims,
+        calibration_subjects=calibration_subjects,
+        calibration_groups=calibration_groups,
         trace_stage=TraceStage(settings, configs, metrics),
         agent_stage=AgentStage(settings, configs, metrics),
         claim_stage=ClaimStage(settings, configs, metrics),
+        calibration_stage=CalibrationStage(settings, configs, metrics),
         faults=FaultInjector.parse(settings.fault_injection),
     )

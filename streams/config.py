@@ -126,6 +126,28 @@ class Settings(BaseSettings):
         description="Tests only: `<send|table>:<agent>:<batch number>` makes that batch fail (see streams/faults.py).",
     )
 
+    # --- Calibration (outcome feedback, README "Calibration") ---------------------------------------
+    calibration_enabled: bool = Field(
+        True, description="Join OUTCOME events with scores; off: outcomes are counted and dropped."
+    )
+    calibration_window_hours: float = Field(168.0, gt=0, description="Sliding event-time window of outcomes.")
+    calibration_join_window_hours: float = Field(
+        168.0, gt=0, description="How long a score is kept for outcomes to join (event time)."
+    )
+    calibration_outcome_wait_hours: float = Field(
+        1.0, gt=0, description="How long an outcome waits for its score before it counts as unmatched."
+    )
+    calibration_min_samples: int = Field(20, ge=1, description="Outcomes in a group before it reports.")
+    calibration_ece_change: float = Field(
+        0.02, ge=0, le=1, description="ECE move that emits CALIBRATION_UPDATED."
+    )
+    calibration_update_min_interval_minutes: float = Field(
+        10.0, ge=0, description="At most one CALIBRATION_UPDATED per group per this much event time."
+    )
+    calibration_ece_alert: float = Field(
+        0.1, ge=0, le=1, description="ECE at or above this copies CALIBRATION_UPDATED to flagged-events."
+    )
+
     # --- Metrics ----------------------------------------------------------------------------------
     metrics_label_cap: int = Field(100, ge=1, description="Distinct label values before `other`.")
 
@@ -170,6 +192,16 @@ class Settings(BaseSettings):
     def claims_topic(self) -> str:
         """Internal repartition topic: CLAIM inputs keyed by tenant (one claim graph per tenant)."""
         return f"{self.app_id}-claims-by-tenant"
+
+    @property
+    def calibration_topic(self) -> str:
+        """Internal repartition topic: scores and outcomes keyed by tenant, for the calibration join."""
+        return f"{self.app_id}-calibration-by-tenant"
+
+    @property
+    def internal_topics(self) -> tuple[str, ...]:
+        """The repartition topics between stages (written and read only by the workers)."""
+        return (self.responses_topic, self.claims_topic, self.calibration_topic)
 
 
 def load_settings(**overrides: object) -> Settings:

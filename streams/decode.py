@@ -6,11 +6,18 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from streams.dlq import DeadLetter, Reason
-from streams.events import INPUT_EVENT_TYPES, ClaimEvent, LlmResponse, ToolInvocation, input_adapter
+from streams.events import (
+    INPUT_EVENT_TYPES,
+    ClaimEvent,
+    LlmResponse,
+    OutcomeEvent,
+    ToolInvocation,
+    input_adapter,
+)
 
 __all__ = ["Decoded", "decode"]
 
-Decoded = LlmResponse | ToolInvocation | ClaimEvent
+Decoded = LlmResponse | ToolInvocation | ClaimEvent | OutcomeEvent
 
 _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
     "json_invalid": "invalid_json",
@@ -28,6 +35,7 @@ _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
     "literal_error": "invalid_value",
     "string_too_short": "invalid_value",
     "timezone_aware": "invalid_value",
+    "outcome_invalid": "invalid_value",
 }
 
 

@@ -22,8 +22,11 @@ from pydantic import (
     Strict,
     TypeAdapter,
     field_validator,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from streams.scoring.calibration import ReliabilityBin
 from streams.scoring.claims import ClaimInterval
 from streams.scoring.composite import CompositeResult
 from streams.scoring.evidence import EvidenceResult
@@ -33,12 +36,15 @@ from streams.scoring.synthesis import Conflict, SourceScore
 
 __all__ = [
     "INPUT_EVENT_TYPES",
+    "CalibrationUpdated",
     "ClaimEvent",
     "ClaimScored",
     "CodeValidation",
     "InputEvent",
     "LlmResponse",
+    "OutcomeEvent",
     "OutputEvent",
+    "PolicyInput",
     "ProvenanceEntry",
     "RelationshipEntry",
     "ResponseScored",
@@ -50,6 +56,8 @@ __all__ = [
     "output_adapter",
 ]
 
+# The scores calibration follows: response confidence, composite, trace evidence, claim midpoint.
+ScoreKind = Literal["response", "composite", "evidence", "claim"]
 UnitFloat = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 # RFC 3339 date-time; a missing zone is left to AwareDatetime, which reports it as such.
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII)
@@ -66,18 +74,18 @@ def _rfc3339(value: object) -> object:
 # hence Strict(False), which parses the (already checked) string exactly as strict JSON decoding would.
 Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339)]
 NonEmpty = Annotated[str, Field(min_length=1)]
-INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM")
+INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM", "OUTCOME")
 
 
-class _Input(BaseModel):
+class _Envelope(BaseModel):
+    """What every input carries (DESIGN section 2)."""
+
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     event_id: NonEmpty
     timestamp: Timestamp
     tenant_id: NonEmpty
     trace_id: NonEmpty
-    agent_name: NonEmpty
-    agent_type: NonEmpty
     schema_version: Literal[1]
 
     @field_validator("schema_version", mode="before")
@@ -87,6 +95,13 @@ class _Input(BaseModel):
         if isinstance(value, bool | float):
             raise ValueError("schema_version must be the integer 1")
         return value
+
+
+class _Input(_Envelope):
+    """An input produced by an agent: it names the agent."""
+
+    agent_name: NonEmpty
+    agent_type: NonEmpty
 
 
 class RetrievalHit(BaseModel):
@@ -175,8 +190,54 @@ class ClaimEvent(_Input):
     instance_trust: UnitFloat = 1.0
 
 
-InputEvent = Annotated[LlmResponse | ToolInvocation | ClaimEvent, Field(discriminator="event_type")]
-input_adapter: TypeAdapter[LlmResponse | ToolInvocation | ClaimEvent] = TypeAdapter(InputEvent)
+SubjectType = Literal["response", "trace", "claim"]
+
+
+class OutcomeEvent(_Envelope):
+    """Feedback on something the service scored: was it right? (calibration, README "Calibration").
+
+    The subject is the LLM_RESPONSE with input `subject_event_id`, or the claim `claim_id`, or, when
+    neither is given, the evidence score of the trace `trace_id`. The verdict is `correct` or a graded
+    `score` in [0, 1], exactly one of them.
+    """
+
+    event_type: Literal["OUTCOME"]
+    subject_event_id: NonEmpty | None = None
+    claim_id: NonEmpty | None = None
+    correct: bool | None = None
+    score: UnitFloat | None = None
+    source: Literal["human", "test", "ci", "judge"]
+
+    @model_validator(mode="after")
+    def _one_subject_one_verdict(self) -> OutcomeEvent:
+        if self.subject_event_id is not None and self.claim_id is not None:
+            raise PydanticCustomError("outcome_invalid", "give subject_event_id or claim_id, not both")
+        if (self.correct is None) == (self.score is None):
+            raise PydanticCustomError("outcome_invalid", "give exactly one of correct and score")
+        return self
+
+    @property
+    def subject_type(self) -> SubjectType:
+        if self.subject_event_id is not None:
+            return "response"
+        return "claim" if self.claim_id is not None else "trace"
+
+    @property
+    def subject_id(self) -> str:
+        return self.subject_event_id or self.claim_id or self.trace_id
+
+    @property
+    def observed(self) -> float:
+        """The outcome as a number: 1.0 correct, 0.0 wrong, or the graded score."""
+        if self.score is not None:
+            return self.score
+        return 1.0 if self.correct else 0.0
+
+
+InputEvent = Annotated[
+    LlmResponse | ToolInvocation | ClaimEvent | OutcomeEvent, Field(discriminator="event_type")
+]
+input_adapter: TypeAdapter[LlmResponse | ToolInvocation | ClaimEvent | OutcomeEvent] = TypeAdapter(InputEvent)
 
 
 # --- Outputs ------------------------------------------------------------------------------------------
@@ -214,6 +275,21 @@ class RejectionError(BaseModel):
     details: dict[str, float | None]
 
 
+class PolicyInput(BaseModel):
+    """Seed 003's OPA input document (component 6), ready to POST as `{"input": policy_input}`.
+
+    Seed 003's example also shows `user`; the service never sees a user, so it is left out.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    confidence: float | None
+    confidence_enabled: bool
+    request_id: str
+    tenant_id: str
+    endpoint: str
+    model: str
+
+
 class ResponseScored(_Output):
     """Per LLM_RESPONSE: logprob confidence, heuristic, composite and the allow / flag / reject action."""
 
@@ -226,6 +302,7 @@ class ResponseScored(_Output):
     response: str | None
     error: RejectionError | None = None
     metadata: ResponseMetadata
+    policy_input: PolicyInput
 
 
 class TraceScored(_Output, EvidenceResult):
@@ -256,12 +333,36 @@ class SynthesisScored(_Output):
     filtered_count: int
 
 
+class CalibrationGroup(BaseModel):
+    """Whose scores a calibration summarises: one model or one agent type of a tenant, one score kind."""
+
+    model_config = ConfigDict(frozen=True)
+    dimension: Literal["model", "agent_type"]
+    value: str
+    kind: ScoreKind
+
+
+class CalibrationUpdated(_Output):
+    """A group's calibration moved: ECE and Brier over the window, from outcomes (README "Calibration")."""
+
+    event_type: Literal["CALIBRATION_UPDATED"] = "CALIBRATION_UPDATED"
+    group: CalibrationGroup
+    ece: float
+    previous_ece: float | None
+    brier: float
+    samples: int
+    window_hours: float
+    alert: bool = Field(description="ECE at or above CALIBRATION_ECE_ALERT (then also on flagged-events).")
+    bins: list[ReliabilityBin]
+
+
 OutputEvent = Annotated[
-    ResponseScored | TraceScored | ClaimScored | SynthesisScored, Field(discriminator="event_type")
+    ResponseScored | TraceScored | ClaimScored | SynthesisScored | CalibrationUpdated,
+    Field(discriminator="event_type"),
 ]
-output_adapter: TypeAdapter[ResponseScored | TraceScored | ClaimScored | SynthesisScored] = TypeAdapter(
-    OutputEvent
-)
+output_adapter: TypeAdapter[
+    ResponseScored | TraceScored | ClaimScored | SynthesisScored | CalibrationUpdated
+] = TypeAdapter(OutputEvent)
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
@@ -270,9 +371,11 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         LlmResponse,
         ToolInvocation,
         ClaimEvent,
+        OutcomeEvent,
         ResponseScored,
         TraceScored,
         ClaimScored,
         SynthesisScored,
+        CalibrationUpdated,
     ]
     return {model.__name__: model.model_json_schema() for model in models}

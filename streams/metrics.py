@@ -51,12 +51,17 @@ class Metrics(NamedTuple):
     agent_success_rate: Gauge
     processing_latency: Histogram
     table_keys: Gauge
+    calibration_ece: Gauge
+    calibration_brier: Gauge
+    outcomes: Counter
+    outcomes_unmatched: Counter
     labels: LabelCap
 
 
 def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
     """Register every collector in `registry` (tests pass a fresh one)."""
     response_labels = ("tenant", "model", "endpoint")
+    calibration_labels = ("tenant", "dimension", "group", "kind")
     return Metrics(
         confidence_histogram=Histogram(
             "llm_confidence_histogram",
@@ -153,6 +158,29 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
             "confidence_table_keys",
             "Keys held in each state table on this worker, as of the last expiry sweep",
             ("table",),
+            registry=registry,
+        ),
+        calibration_ece=Gauge(
+            "confidence_calibration_ece",
+            "Expected calibration error (10 bins) of a group's scores over the calibration window",
+            calibration_labels,
+            registry=registry,
+        ),
+        calibration_brier=Gauge(
+            "confidence_calibration_brier",
+            "Brier score of a group's scores over the calibration window",
+            calibration_labels,
+            registry=registry,
+        ),
+        outcomes=Counter(
+            "confidence_outcomes",
+            "OUTCOME events by what happened to them: matched, waiting (score not seen yet), duplicate",
+            ("status",),
+            registry=registry,
+        ),
+        outcomes_unmatched=Counter(
+            "confidence_outcomes_unmatched",
+            "OUTCOME events dropped because their score never arrived or had expired",
             registry=registry,
         ),
         labels=LabelCap(label_cap),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from streams.events import LlmResponse
+from streams.events import LlmResponse, OutcomeEvent, ScoreKind, SubjectType
+from streams.scoring.calibration import ActionStats, BinStats
 from streams.scoring.claim_graph import ClaimArrived
 from streams.scoring.evidence import EvidenceState
 from streams.scoring.heuristic import Component, HeuristicResult
@@ -15,10 +17,15 @@ from streams.scoring.synthesis import TraceClaim
 
 __all__ = [
     "AgentHistory",
+    "CalibrationMessage",
+    "CalibrationSubject",
     "ClaimMessage",
+    "GroupCalibration",
     "HistoryEntry",
+    "HourBucket",
     "PendingResponse",
     "SubCallRecord",
+    "SubjectEntry",
     "TraceState",
     "table_key",
 ]
@@ -95,3 +102,60 @@ class ClaimMessage(BaseModel):
     arrived: ClaimArrived
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
     source_partition: int = Field(0, description="Input partition the claim came from (expiry watermark).")
+
+
+class CalibrationSubject(BaseModel):
+    """What the calibration join keeps of one emitted score (no logprobs, no text)."""
+
+    model_config = ConfigDict(frozen=True)
+    subject_type: SubjectType
+    subject_id: str = Field(description="Input event id (response), trace id or claim id.")
+    event_time: datetime
+    scores: dict[ScoreKind, float]
+    action: Literal["allow", "flag", "reject"] | None = None
+    model: str | None = None
+    agent_type: str | None = None
+
+
+class CalibrationMessage(BaseModel):
+    """A score or an OUTCOME on its way to the calibration stage (keyed by tenant)."""
+
+    model_config = ConfigDict(frozen=True)
+    tenant_id: str
+    subject: CalibrationSubject | None = None
+    outcome: OutcomeEvent | None = None
+    received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+    source: int = Field(
+        description="Upstream stage and partition (expiry watermark), see stages/calibration."
+    )
+
+
+class SubjectEntry(BaseModel):
+    """One scored subject of a tenant: its latest score, the outcomes counted, outcomes waiting for it."""
+
+    model_config = ConfigDict(frozen=True)
+    subject: CalibrationSubject | None = None
+    applied: tuple[str, ...] = Field((), description="Outcome event ids already counted (re-delivery).")
+    waiting: tuple[OutcomeEvent, ...] = Field((), description="Outcomes that arrived before the score.")
+
+
+class HourBucket(BaseModel):
+    """One hour (event time of the outcomes) of a group's calibration."""
+
+    model_config = ConfigDict(frozen=True)
+    bins: dict[int, BinStats] = Field(default_factory=dict)
+    actions: dict[str, ActionStats] = Field(default_factory=dict)
+
+
+class GroupCalibration(BaseModel):
+    """Calibration of one (tenant, model or agent type, score kind) over a sliding window of hours."""
+
+    model_config = ConfigDict(frozen=True)
+    tenant_id: str
+    dimension: Literal["model", "agent_type"]
+    value: str
+    kind: ScoreKind
+    newest: datetime = Field(description="Newest outcome time: the window ends here.")
+    buckets: dict[int, HourBucket] = Field(default_factory=dict, description="Epoch hour -> bucket.")
+    last_emitted_ece: float | None = None
+    last_emitted_at: datetime | None = None

@@ -37,8 +37,7 @@ def topic_specs(settings: Settings, changelogs: Iterable[str] = ()) -> list[NewT
         settings.scored_topic,
         settings.flagged_topic,
         settings.dlq_topic,
-        settings.responses_topic,
-        settings.claims_topic,
+        *settings.internal_topics,
     ):
         specs.append(NewTopic(name, partitions, replication))
     for name in changelogs:
@@ -52,7 +51,7 @@ def co_partitioned(settings: Settings, changelogs: Iterable[str] = ()) -> list[s
     Stage state is co-partitioned with the topic it consumes, so a different count would send a key's
     state and its events to different workers. Output topics may have any count.
     """
-    return [*settings.input_topic_names, settings.responses_topic, settings.claims_topic, *changelogs]
+    return [*settings.input_topic_names, *settings.internal_topics, *changelogs]
 
 
 async def create_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from streams.scoring.claims import (
     ClaimInterval,
@@ -79,6 +79,7 @@ class ClaimDefinition(BaseModel):
     derived_from: tuple[str, ...] = ()
     assessed_upper: float | None = None
     instance_trust: float = 1.0
+    agent_type: str | None = Field(None, description="Of the agent that made the claim (calibration groups).")
 
 
 class ClaimScore(BaseModel):
@@ -92,6 +93,7 @@ class ClaimScore(BaseModel):
     as_of: datetime
     cause: str
     contradicted: bool
+    agent_type: str | None = None
 
 
 class ClaimNode(BaseModel):
@@ -334,6 +336,7 @@ def apply_claim(load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig) -> Claim
                 as_of=when,
                 cause=SELF if claim_id == me else me,
                 contradicted=interval.factors.contradiction_penalty < 1.0,
+                agent_type=definition.agent_type,
             )
         )
     node = graph.get(me)

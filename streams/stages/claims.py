@@ -7,26 +7,25 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
-from aiokafka.partitioner import murmur2
 
 from streams.config import ScoringConfigs, Settings
 from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
-from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, now
-from streams.state import ClaimMessage, table_key
+from streams.stages.calibration import subject_message, upstream
+from streams.stages.common import (
+    ExpiryClock,
+    InputRecord,
+    Outputs,
+    Record,
+    is_flagged,
+    now,
+    tenant_partition,
+)
+from streams.state import CalibrationSubject, ClaimMessage, table_key
 
-__all__ = ["ClaimStage", "ClaimWrite", "claim_message", "tenant_partition"]
-
-
-def tenant_partition(tenant_id: str, partitions: int) -> int:
-    """The claims topic partition of a tenant: Kafka's default partitioner (murmur2) on the tenant key.
-
-    Computed here rather than left to the producer, because the claims table writes its changelog
-    records to the same partition (state follows the tenant) and Faust's router uses the same hash.
-    """
-    return (murmur2(tenant_id.encode()) & 0x7FFFFFFF) % partitions
+__all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
 
 
 def claim_message(
@@ -92,9 +91,11 @@ class ClaimStage:
         event_time = message.arrived.event_time
         self.clock.saw(record.partition, event_time, source=message.source_partition)
         for score in update.scores:
-            self._emit(tenant, score, message.received_at, out)
+            self._emit(tenant, score, message.received_at, record.partition, out)
 
-    def _emit(self, tenant: str, score: claim_graph.ClaimScore, received_at: float, out: Outputs) -> None:
+    def _emit(
+        self, tenant: str, score: claim_graph.ClaimScore, received_at: float, partition: int, out: Outputs
+    ) -> None:
         output = ClaimScored(
             event_id=output_event_id("CLAIM_SCORED", score.source_event_id, tenant, score.claim_id),
             source_event_id=score.source_event_id,
@@ -107,6 +108,16 @@ class ClaimStage:
             cause=score.cause,
         ).model_dump(mode="json")
         out.emit(output, score.trace_id.encode(), is_flagged(output), received_at)
+        if self.settings.calibration_enabled:
+            subject = CalibrationSubject(
+                subject_type="claim",
+                subject_id=score.claim_id,
+                event_time=score.as_of,
+                scores={"claim": score.interval.midpoint},
+                agent_type=score.agent_type,
+            )
+            source = upstream("claims", partition)
+            out.records.append(subject_message(self.settings, tenant, subject, received_at, source))
 
     def partition_of(self, key: bytes) -> int:
         """The changelog partition of a claims table key ([tenant, claim_id]): its tenant's."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import orjson
+from aiokafka.partitioner import murmur2
 
 from streams.config import Settings
 from streams.dlq import DeadLetter, connect_headers, strip_logprobs
@@ -21,6 +22,7 @@ __all__ = [
     "is_flagged",
     "now",
     "processing_error",
+    "tenant_partition",
     "with_scored_at",
     "without_scored_at",
 ]
@@ -75,6 +77,16 @@ class ExpiryClock:
     def idle_longer_than(self, partition: int, last_event_time: datetime, ttl: timedelta) -> bool:
         sources = self._newest.get(partition)
         return bool(sources) and min(sources.values()) - last_event_time > ttl
+
+
+def tenant_partition(tenant_id: str, partitions: int) -> int:
+    """A tenant's partition of the claims and calibration topics: Kafka's default partitioner (murmur2).
+
+    Computed here rather than left to the producer, because the claims and calibration tables write
+    their changelog records to the same partition (state follows the tenant) and Faust's router uses
+    the same hash.
+    """
+    return (murmur2(tenant_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 def now() -> datetime:

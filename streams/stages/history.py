@@ -7,16 +7,20 @@ from datetime import timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.events import (
+    PolicyInput,
     RejectionError,
     ResponseMetadata,
     ResponseScored,
+    ScoreKind,
 )
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
+from streams.stages.calibration import subject_message, upstream
 from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
 from streams.state import (
     AgentHistory,
+    CalibrationSubject,
     HistoryEntry,
     PendingResponse,
     table_key,
@@ -58,9 +62,11 @@ class AgentStage:
             history = AgentHistory(
                 tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
             )
-        dirty[key] = self._apply(history, pending, out)
+        dirty[key] = self._apply(history, pending, record, out)
 
-    def _apply(self, history: AgentHistory, pending: PendingResponse, out: Outputs) -> AgentHistory:
+    def _apply(
+        self, history: AgentHistory, pending: PendingResponse, record: InputRecord, out: Outputs
+    ) -> AgentHistory:
         event = pending.event
         known = next((e for e in history.entries if e.event_id == event.event_id), None)
         if known is not None:
@@ -73,6 +79,8 @@ class AgentStage:
             )
         output = self._scored(pending, history_factor)
         out.emit(output, event.trace_id.encode(), is_flagged(output), pending.received_at)
+        if self.settings.calibration_enabled:
+            self._send_subject(pending, output, record, out)
         if known is not None:
             return history
         comp = output["composite"]
@@ -142,7 +150,41 @@ class AgentStage:
                 agent_type=event.agent_type,
                 role=event.role,
             ),
+            policy_input=PolicyInput(
+                confidence=decision.confidence,
+                confidence_enabled=cfg.enabled,
+                request_id=event.request_id,
+                tenant_id=event.tenant_id,
+                endpoint=event.endpoint,
+                model=event.model,
+            ),
         ).model_dump(mode="json")
+
+    def _send_subject(
+        self, pending: PendingResponse, output: dict[str, object], record: InputRecord, out: Outputs
+    ) -> None:
+        """Tell the calibration stage which confidence and composite this response was given."""
+        event = pending.event
+        comp = output["composite"]
+        assert isinstance(comp, dict)
+        scores: dict[ScoreKind, float] = {"composite": float(comp["score"])}
+        if pending.confidence is not None:
+            scores["response"] = pending.confidence
+        action = output["action"]
+        assert action in ("allow", "flag", "reject")
+        subject = CalibrationSubject(
+            subject_type="response",
+            subject_id=event.event_id,
+            event_time=event.timestamp,
+            scores=scores,
+            action=action,
+            model=event.model,
+            agent_type=event.agent_type,
+        )
+        source = upstream("responses", record.partition)
+        out.records.append(
+            subject_message(self.settings, event.tenant_id, subject, pending.received_at, source)
+        )
 
     def _observe(
         self, pending: PendingResponse, output: dict[str, object], entries: tuple[HistoryEntry, ...]

@@ -11,6 +11,7 @@ from streams.dlq import DeadLetter
 from streams.events import (
     ClaimEvent,
     LlmResponse,
+    OutcomeEvent,
     SynthesisScored,
     ToolInvocation,
     TraceScored,
@@ -18,6 +19,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
+from streams.stages.calibration import outcome_message, subject_message, upstream
 from streams.stages.claims import claim_message
 from streams.stages.common import (
     ExpiryClock,
@@ -30,6 +32,7 @@ from streams.stages.common import (
     without_scored_at,
 )
 from streams.state import (
+    CalibrationSubject,
     PendingResponse,
     SubCallRecord,
     TraceState,
@@ -71,6 +74,9 @@ class TraceStage:
             return
         self.metrics.events_processed.labels(event.event_type).inc()
         self.clock.saw(record.partition, event.timestamp)
+        if isinstance(event, OutcomeEvent):
+            self._outcome(event, record, out)  # no trace state: the calibration stage de-duplicates
+            return
         key = table_key(event.tenant_id, event.trace_id)
         state = dirty.get(key) or load(key)
         if state is None:
@@ -85,7 +91,7 @@ class TraceStage:
     def _apply(
         self,
         state: TraceState,
-        event: LlmResponse | ToolInvocation | ClaimEvent,
+        event: LlmResponse | ToolInvocation | ClaimEvent,  # OUTCOME never reaches trace state
         record: InputRecord,
         out: Outputs,
     ) -> TraceState:
@@ -143,7 +149,28 @@ class TraceStage:
         if result.recovery_recommended:
             self.metrics.recovery_recommended.inc()
         out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
+        if self.settings.calibration_enabled:
+            subject = CalibrationSubject(
+                subject_type="trace",
+                subject_id=event.trace_id,
+                event_time=event.timestamp,
+                scores={"evidence": result.score},
+                agent_type=event.agent_type,
+            )
+            source = upstream("trace", record.partition)
+            out.records.append(
+                subject_message(self.settings, event.tenant_id, subject, record.timestamp, source)
+            )
         return state.model_copy(update={"evidence": new_evidence}), [without_scored_at(output)]
+
+    # --- OUTCOME -> the calibration stage ------------------------------------------------------------
+
+    def _outcome(self, event: OutcomeEvent, record: InputRecord, out: Outputs) -> None:
+        if not self.settings.calibration_enabled:
+            self.metrics.outcomes.labels("disabled").inc()
+            return
+        source = upstream("trace", record.partition)
+        out.records.append(outcome_message(self.settings, event, record.timestamp, source))
 
     # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
 
@@ -283,4 +310,5 @@ def claim_definition(event: ClaimEvent) -> claim_graph.ClaimDefinition:
         derived_from=tuple(event.derived_from),
         assessed_upper=event.assessed_upper,
         instance_trust=event.instance_trust,
+        agent_type=event.agent_type,
     )

@@ -1,0 +1,209 @@
+"""Online calibration: how often scores of p turned out right, and which threshold would have worked.
+
+Pure math, no Kafka. Predictions and outcomes are kept in `FINE_BINS` (100) bins of width 0.01, each
+with count, sum of predictions, sum of outcomes and sum of squared errors. From those follow exactly:
+
+- the reliability diagram in `RELIABILITY_BINS` (10) bins: count, mean predicted, observed rate;
+- ECE = sum over bins of (count / total) * |observed rate - mean predicted| (10 bins);
+- the Brier score = mean of (prediction - outcome)^2;
+- the threshold advice on the 0.01 grid: the lowest threshold t whose "allowed" predictions (>= t)
+  had a mean outcome (precision) at or above the target, and the share it would have held back.
+
+An outcome is 1.0 (correct), 0.0 (wrong) or a graded score in [0, 1]. Bin i holds predictions in
+[i/100, (i+1)/100); the last bin also holds 1.0. Histograms are plain dicts, so they can be summed
+across hourly buckets (the sliding window) and stored as JSON.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "FINE_BINS",
+    "RELIABILITY_BINS",
+    "ActionStats",
+    "BinStats",
+    "Histogram",
+    "ReliabilityBin",
+    "ThresholdAdvice",
+    "add",
+    "advise_threshold",
+    "brier",
+    "ece",
+    "fine_bin",
+    "merge",
+    "reliability",
+    "total",
+]
+
+FINE_BINS = 100
+RELIABILITY_BINS = 10
+# Inner edges 0.01 .. 0.99, written as i / 100 so that bin i starts exactly at the threshold i / 100.
+_FINE_EDGES = tuple(i / FINE_BINS for i in range(1, FINE_BINS))
+
+
+class BinStats(BaseModel):
+    """Sums over the predictions that fell in one bin."""
+
+    model_config = ConfigDict(frozen=True)
+    count: int = 0
+    sum_predicted: float = 0.0
+    sum_observed: float = 0.0
+    sum_squared_error: float = 0.0
+
+    def plus(self, other: BinStats) -> BinStats:
+        return BinStats(
+            count=self.count + other.count,
+            sum_predicted=self.sum_predicted + other.sum_predicted,
+            sum_observed=self.sum_observed + other.sum_observed,
+            sum_squared_error=self.sum_squared_error + other.sum_squared_error,
+        )
+
+
+# Fine bin index (0..99) -> its sums; empty bins are absent.
+Histogram = Mapping[int, BinStats]
+
+
+class ActionStats(BaseModel):
+    """Outcomes of the responses that got one action (allow / flag / reject)."""
+
+    model_config = ConfigDict(frozen=True)
+    count: int = 0
+    sum_observed: float = 0.0
+
+    def plus(self, other: ActionStats) -> ActionStats:
+        return ActionStats(
+            count=self.count + other.count, sum_observed=self.sum_observed + other.sum_observed
+        )
+
+    @property
+    def observed_accuracy(self) -> float | None:
+        return self.sum_observed / self.count if self.count else None
+
+
+class ReliabilityBin(BaseModel):
+    """One bar of the reliability diagram."""
+
+    model_config = ConfigDict(frozen=True)
+    lower: float
+    upper: float
+    count: int
+    mean_predicted: float | None
+    observed_rate: float | None
+
+
+class ThresholdAdvice(BaseModel):
+    """The lowest threshold that met the target precision in the window (None when none did)."""
+
+    model_config = ConfigDict(frozen=True)
+    target_precision: float
+    threshold: float | None
+    precision: float | None
+    allowed: int
+    held_back_share: float | None
+
+
+def fine_bin(predicted: float) -> int:
+    """The fine bin of a prediction in [0, 1]."""
+    return bisect_right(_FINE_EDGES, predicted)
+
+
+def add(histogram: Histogram, predicted: float, observed: float) -> dict[int, BinStats]:
+    """`histogram` with one more (prediction, outcome)."""
+    index = fine_bin(predicted)
+    one = BinStats(
+        count=1,
+        sum_predicted=predicted,
+        sum_observed=observed,
+        sum_squared_error=(predicted - observed) ** 2,
+    )
+    current = histogram.get(index)
+    return {**histogram, index: one if current is None else current.plus(one)}
+
+
+def merge(histograms: Iterable[Histogram]) -> dict[int, BinStats]:
+    """The sum of several histograms (e.g. the hourly buckets of a window)."""
+    merged: dict[int, BinStats] = {}
+    for histogram in histograms:
+        for index, stats in histogram.items():
+            current = merged.get(index)
+            merged[index] = stats if current is None else current.plus(stats)
+    return merged
+
+
+def total(histogram: Histogram) -> int:
+    return sum(stats.count for stats in histogram.values())
+
+
+def reliability(histogram: Histogram) -> list[ReliabilityBin]:
+    """The 10-bin reliability diagram (empty bins have count 0 and no means)."""
+    width = FINE_BINS // RELIABILITY_BINS
+    bins = []
+    for coarse in range(RELIABILITY_BINS):
+        stats = BinStats()
+        for index in range(coarse * width, (coarse + 1) * width):
+            if index in histogram:
+                stats = stats.plus(histogram[index])
+        bins.append(
+            ReliabilityBin(
+                lower=coarse / RELIABILITY_BINS,
+                upper=(coarse + 1) / RELIABILITY_BINS,
+                count=stats.count,
+                mean_predicted=stats.sum_predicted / stats.count if stats.count else None,
+                observed_rate=stats.sum_observed / stats.count if stats.count else None,
+            )
+        )
+    return bins
+
+
+def ece(histogram: Histogram) -> float | None:
+    """Expected calibration error over the 10 reliability bins (None without data)."""
+    n = total(histogram)
+    if n == 0:
+        return None
+    return sum(
+        b.count / n * abs(b.observed_rate - b.mean_predicted)
+        for b in reliability(histogram)
+        if b.observed_rate is not None and b.mean_predicted is not None
+    )
+
+
+def brier(histogram: Histogram) -> float | None:
+    """Mean squared error of the predictions (None without data)."""
+    n = total(histogram)
+    return sum(s.sum_squared_error for s in histogram.values()) / n if n else None
+
+
+def advise_threshold(histogram: Histogram, target_precision: float) -> ThresholdAdvice:
+    """The lowest t on the 0.01 grid whose predictions >= t had mean outcome >= `target_precision`.
+
+    "Allowed" is seed 003's rule (confidence below `min_acceptance` is flagged or rejected) and seed
+    004's (composite below the threshold blocks). Lower thresholds allow more, so the lowest one that
+    meets the target is the least restrictive setting that would have been good enough.
+    """
+    n = total(histogram)
+    allowed, observed = 0, 0.0
+    best: tuple[int, int, float] | None = None
+    # Walk from the top bin down, accumulating what a threshold at the bin's lower edge allows.
+    for index in range(FINE_BINS - 1, -1, -1):
+        stats = histogram.get(index)
+        if stats is not None:
+            allowed += stats.count
+            observed += stats.sum_observed
+        if allowed and observed / allowed >= target_precision:
+            best = (index, allowed, observed / allowed)
+    if best is None:
+        return ThresholdAdvice(
+            target_precision=target_precision, threshold=None, precision=None, allowed=0, held_back_share=None
+        )
+    index, count, precision = best
+    return ThresholdAdvice(
+        target_precision=target_precision,
+        threshold=index / FINE_BINS,
+        precision=precision,
+        allowed=count,
+        held_back_share=(n - count) / n,
+    )
