@@ -16,10 +16,17 @@ from faust.web.exceptions import ServiceUnavailable
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.app import Service
-from streams.scoring import claim_graph, evidence
-from streams.state import AgentHistory, TraceState, table_key
+from streams.scoring import calibration, claim_graph, evidence
+from streams.stages.calibration import window_actions, window_histogram
+from streams.state import AgentHistory, GroupCalibration, TraceState, table_key
 
-__all__ = ["agent_statistics", "attach_views", "claim_matches"]
+__all__ = [
+    "agent_statistics",
+    "attach_views",
+    "calibration_group_matches",
+    "calibration_summary",
+    "claim_matches",
+]
 
 
 def _json(web: Any, body: object, status: int = 200) -> Response:
@@ -210,4 +217,93 @@ def attach_views(svc: Service) -> None:
                 return _json(self.web, {"error": "hours is out of range"}, 400)
             return _json(self.web, stats)
 
-    del MetricsView, HealthView, ReadyView, TraceView, ClaimView, AgentView
+    @app.page("/calibration/{tenant_id}")
+    class CalibrationView(View):  # type: ignore[misc]
+        """Reliability bins, ECE, Brier and threshold advice of a tenant's calibration groups."""
+
+        async def get(self, request: Request, tenant_id: str) -> Response:
+            try:
+                # A tenant's calibration lives with its partition of the calibration topic (keyed by tenant).
+                return await app.router.route_topic_req(
+                    svc.calibration_topic, tenant_id.encode(), self.web, request
+                )
+            except SameNode:
+                pass
+            except ServiceUnavailable:
+                return _json(self.web, {"error": "no worker owns this tenant yet"}, 503)
+            try:
+                param = _float_param(request, "target_precision")
+            except ValueError:
+                return _json(self.web, {"error": "target_precision must be a number"}, 400)
+            target = 0.9 if param is None else param
+            if not 0 < target <= 1:  # also false for NaN
+                return _json(self.web, {"error": "target_precision must be in (0, 1]"}, 400)
+            wanted = {
+                "model": request.query.get("model"),
+                "agent_type": request.query.get("agent_type"),
+                "kind": request.query.get("kind"),
+            }
+            groups = [
+                GroupCalibration.model_validate_json(raw)
+                for key, raw in list(svc.calibration_groups.items())
+                if orjson.loads(key)[0] == tenant_id
+            ]
+            selected = sorted(
+                (g for g in groups if calibration_group_matches(g, **wanted)),
+                key=lambda g: (g.dimension, g.value, g.kind),
+            )
+            if not selected:
+                return _json(self.web, {"error": "no calibration data for this tenant and filter"}, 404)
+            return _json(
+                self.web,
+                {
+                    "tenant_id": tenant_id,
+                    "window_hours": svc.settings.calibration_window_hours,
+                    "target_precision": target,
+                    "groups": [calibration_summary(svc, g, target) for g in selected],
+                },
+            )
+
+    del MetricsView, HealthView, ReadyView, TraceView, ClaimView, AgentView, CalibrationView
+
+
+def calibration_group_matches(
+    group: GroupCalibration, model: str | None, agent_type: str | None, kind: str | None
+) -> bool:
+    """`model=` and `agent_type=` select groups of that dimension (either, when both are given)."""
+    if kind is not None and group.kind != kind:
+        return False
+    if model is None and agent_type is None:
+        return True
+    return (model is not None and group.dimension == "model" and group.value == model) or (
+        agent_type is not None and group.dimension == "agent_type" and group.value == agent_type
+    )
+
+
+def calibration_summary(svc: Service, group: GroupCalibration, target_precision: float) -> dict[str, object]:
+    """One group's window: bins, ECE, Brier, accuracy per action and the threshold advice."""
+    window = timedelta(hours=svc.settings.calibration_window_hours)
+    histogram = window_histogram(group, window)
+    advice = calibration.advise_threshold(histogram, target_precision)
+    # Which setting the advice is for (seed 003's min_acceptance, seed 004's per-agent-type threshold).
+    setting: dict[str, object] | None = None
+    if group.kind == "response":
+        setting = {"name": "CONFIDENCE_MIN_ACCEPTANCE", "current": svc.settings.confidence_min_acceptance}
+    elif group.kind == "composite" and group.dimension == "agent_type":
+        current = svc.configs.composite.threshold_for(group.value)
+        setting = {"name": f"composite threshold of agent type {group.value}", "current": current}
+    return {
+        "dimension": group.dimension,
+        "value": group.value,
+        "kind": group.kind,
+        "samples": calibration.total(histogram),
+        "window_end": group.newest.isoformat(),
+        "ece": calibration.ece(histogram),
+        "brier": calibration.brier(histogram),
+        "bins": [b.model_dump(mode="json") for b in calibration.reliability(histogram)],
+        "accuracy_by_action": {
+            action: {"count": stats.count, "observed_accuracy": stats.observed_accuracy}
+            for action, stats in sorted(window_actions(group, window).items())
+        },
+        "advice": {**advice.model_dump(mode="json"), "setting": setting},
+    }

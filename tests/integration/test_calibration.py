@@ -1,0 +1,280 @@
+"""Through a real broker: outcomes joined with scores give the calibration the data says they should.
+
+Two models of one tenant answer 500 responses each with confidences we choose (one token whose logprob is
+ln(p)). The outcomes are drawn from a seeded generator: "calibrated" is right with probability p,
+"overconfident" with probability p - 0.2. The view must equal, exactly, the ECE, Brier and threshold
+advice computed here from the same (confidence, outcome) pairs, and be near the closed-form values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import orjson
+import pytest
+
+from streams.harness import RunningBroker
+from streams.kafka_io import Consumed
+from streams.scoring import calibration
+from tests.integration.fixtures import STRONG_COMPOSITE, T0, Deployment, EventFactory, deploy
+from tests.integration.test_metrics_values import _scrape
+
+N = 500  # responses per model
+
+
+def outcome(
+    f: EventFactory, trace: str, minutes: float, *, event_id: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    f.n += 1
+    return {
+        "event_id": event_id or f"{f.run}-o{f.n}",
+        "event_type": "OUTCOME",
+        "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+        "tenant_id": f.tenant,
+        "trace_id": trace,
+        "schema_version": 1,
+        "source": "test",
+        **fields,
+    }
+
+
+def view(d: Deployment, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{d.web_ports[0]}{path}", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except urllib.error.URLError:  # the worker's web server is not up yet
+        return 0, {}
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
+    """Poll `check` until it returns something truthy (never sleep-and-hope)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def group_view(d: Deployment, query: str, samples: int) -> dict[str, Any] | None:
+    status, body = view(d, f"/calibration/cal?{query}")
+    if status != 200 or len(body["groups"]) != 1 or body["groups"][0]["samples"] != samples:
+        return None
+    return dict(body["groups"][0])
+
+
+def metric(d: Deployment, name: str, **labels: str) -> float:
+    series = _scrape(d.web_ports[0]).get(name, {})
+    return series.get(tuple(sorted(labels.items())), 0.0)
+
+
+def expected_brier(shift: float, low: float, high: float) -> float:
+    """E[(p - o)^2] for p uniform on [low, high], o ~ Bernoulli(p - shift): integrated numerically."""
+    steps = 10_000
+    total = 0.0
+    for i in range(steps):
+        p = low + (high - low) * (i + 0.5) / steps
+        q = p - shift
+        total += q * (1 - p) ** 2 + (1 - q) * p**2
+    return total / steps
+
+
+def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
+    d = deploy(
+        kafka,
+        partitions=2,
+        CALIBRATION_MIN_SAMPLES="200",
+        CALIBRATION_ECE_CHANGE="0.01",
+        CALIBRATION_UPDATE_MIN_INTERVAL_MINUTES="0",
+        CALIBRATION_WINDOW_HOURS="2",
+        CALIBRATION_JOIN_WINDOW_HOURS="2",
+        SWEEP_INTERVAL_SECONDS="1",
+    )
+    f = EventFactory(tenant="cal")
+    rng = random.Random(20261123)
+    events: list[dict[str, Any]] = []
+    pairs: dict[str, list[tuple[float, float]]] = {"calibrated": [], "overconfident": []}
+    responses_by_model: dict[str, list[str]] = {"calibrated": [], "overconfident": []}
+    for model, shift, low, high in (("calibrated", 0.0, 0.05, 0.95), ("overconfident", 0.2, 0.5, 0.99)):
+        for i in range(N):
+            p = round(rng.uniform(low, high), 3)
+            correct = rng.random() < p - shift
+            trace = f"{model}-{i % 40}"
+            minutes = i * 0.02
+            response = f.response(
+                trace, minutes, model=model, token_logprobs=[math.log(p)], **STRONG_COMPOSITE
+            )
+            verdict = outcome(
+                f, trace, minutes + 0.01, subject_event_id=response["event_id"], correct=correct
+            )
+            # Every tenth outcome is produced before its response: it must wait for the score.
+            events.extend([verdict, response] if i % 10 == 0 else [response, verdict])
+            pairs[model].append((p, 1.0 if correct else 0.0))
+            responses_by_model[model].append(response["event_id"])
+    # Re-delivered outcome (same event id): counted once.
+    duplicate = next(e for e in events if e["event_type"] == "OUTCOME")
+    # Outcomes for subjects nobody scored: wait, then count as unmatched once event time moves on.
+    unknown = [outcome(f, "calibrated-0", 5, subject_event_id=f"never-{i}", correct=True) for i in range(3)]
+    d.start_worker()
+    try:
+        d.produce([*events, duplicate, *unknown])
+        calibrated = wait_for(
+            lambda: group_view(d, "model=calibrated&kind=response", N), "the calibrated group's view"
+        )
+        overconfident = wait_for(
+            lambda: group_view(d, "model=overconfident&kind=response", N), "the overconfident group's view"
+        )
+        planner = wait_for(
+            lambda: group_view(d, "agent_type=planner&kind=response&target_precision=0.8", 2 * N),
+            "the agent type group",
+        )
+
+        # Exactly what the pairs give, and near the closed form (tolerances: about 4 standard errors).
+        for body, model in ((calibrated, "calibrated"), (overconfident, "overconfident")):
+            histogram: dict[int, calibration.BinStats] = {}
+            for p, o in pairs[model]:
+                histogram = calibration.add(histogram, p, o)
+            assert body["ece"] == pytest.approx(calibration.ece(histogram), abs=1e-12)
+            assert body["brier"] == pytest.approx(calibration.brier(histogram), abs=1e-12)
+            assert [b["count"] for b in body["bins"]] == [b.count for b in calibration.reliability(histogram)]
+            threshold, allowed = brute_force_advice(pairs[model], 0.9)
+            assert body["advice"]["threshold"] == threshold
+            assert body["advice"]["allowed"] == allowed
+            assert body["advice"]["setting"]["name"] == "CONFIDENCE_MIN_ACCEPTANCE"
+        assert calibrated["ece"] < 0.08  # sampling noise only
+        assert overconfident["ece"] == pytest.approx(0.2, abs=0.06)
+        assert calibrated["brier"] == pytest.approx(expected_brier(0.0, 0.05, 0.95), abs=0.04)
+        assert overconfident["brier"] == pytest.approx(expected_brier(0.2, 0.5, 0.99), abs=0.04)
+        both = pairs["calibrated"] + pairs["overconfident"]
+        threshold, allowed = brute_force_advice(both, 0.8)
+        assert (planner["advice"]["threshold"], planner["advice"]["allowed"]) == (threshold, allowed)
+        # Accuracy per action: below 0.40 (CONFIDENCE_MIN_ACCEPTANCE) responses are flagged.
+        flagged = [o for p, o in both if p < 0.4]
+        assert planner["accuracy_by_action"]["flag"]["count"] == len(flagged)
+        assert planner["accuracy_by_action"]["flag"]["observed_accuracy"] == pytest.approx(
+            sum(flagged) / len(flagged), abs=1e-12
+        )
+
+        # The overconfident group raised an alert copy on flagged-events; gauges follow the view.
+        records = d.collect(lambda rs: bool(alerts(d, rs, "overconfident")))
+        for model in ("calibrated", "overconfident"):
+            scored = updates(d, records, model)
+            assert scored and all(u["samples"] >= 200 for u in scored)  # CALIBRATION_MIN_SAMPLES
+            assert all(u["alert"] == (u["ece"] >= 0.1) for u in scored)
+            copied = {u["event_id"] for u in updates(d, records, model, d.settings.flagged_topic)}
+            assert copied == {u["event_id"] for u in scored if u["alert"]}
+        assert metric(
+            d,
+            "confidence_calibration_ece",
+            tenant="cal",
+            dimension="model",
+            group="overconfident",
+            kind="response",
+        ) == pytest.approx(overconfident["ece"], abs=1e-12)
+        assert metric(d, "confidence_outcomes_total", status="duplicate") == 1
+
+        # Event time moves 3 hours on: the unknown outcomes count as unmatched, old hours leave the window
+        # and the first phase's scores leave the join window.
+        late: list[dict[str, Any]] = []
+        late_pairs: list[tuple[float, float]] = []
+        for i in range(40):
+            trace = f"calibrated-{i}"
+            response = f.response(trace, 180 + i * 0.1, model="calibrated", token_logprobs=[math.log(0.7)])
+            late.extend(
+                [
+                    response,
+                    outcome(f, trace, 180 + i * 0.1, subject_event_id=response["event_id"], correct=True),
+                ]
+            )
+            late_pairs.append((0.7, 1.0))
+        d.produce(late)
+        wait_for(
+            lambda: metric(d, "confidence_outcomes_unmatched_total") == len(unknown), "unmatched outcomes"
+        )
+        windowed = wait_for(
+            lambda: group_view(d, "model=calibrated&kind=response", len(late_pairs)), "the window to slide"
+        )
+        assert windowed["ece"] == pytest.approx(0.3, abs=1e-12)  # all said 0.7 and all were right
+
+        # An outcome for a first-phase response arrives after its score expired: unmatched too, once
+        # event time (of responses and outcomes of another model) passes its wait.
+        first = responses_by_model["calibrated"][1]
+        d.produce([outcome(f, "calibrated-1", 181, subject_event_id=first, correct=True)])
+        other: list[dict[str, Any]] = []
+        for i in range(40):
+            response = f.response(f"calibrated-{i}", 290, model="other", token_logprobs=[-0.1])
+            other.extend(
+                [
+                    response,
+                    outcome(f, f"calibrated-{i}", 290, subject_event_id=response["event_id"], correct=True),
+                ]
+            )
+        d.produce(other)
+        wait_for(
+            lambda: metric(d, "confidence_outcomes_unmatched_total") == len(unknown) + 1,
+            "the expired subject",
+        )
+        assert group_view(d, "model=calibrated&kind=response", len(late_pairs)) is not None  # not counted
+    finally:
+        d.stop()
+
+
+def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
+    for i in range(calibration.FINE_BINS):
+        allowed = [o for p, o in pairs if p >= i / calibration.FINE_BINS]
+        if allowed and sum(allowed) / len(allowed) >= target:
+            return i / calibration.FINE_BINS, len(allowed)
+    return None, 0
+
+
+def updates(
+    d: Deployment, records: list[Consumed], model: str, topic: str | None = None
+) -> list[dict[str, Any]]:
+    return [
+        out
+        for out in d.outputs(records, topic)
+        if out["event_type"] == "CALIBRATION_UPDATED"
+        and out["group"] == {"dimension": "model", "value": model, "kind": "response"}
+    ]
+
+
+def alerts(d: Deployment, records: list[Consumed], model: str) -> list[dict[str, Any]]:
+    return [u for u in updates(d, records, model, d.settings.flagged_topic) if u["alert"]]
+
+
+def test_bad_outcomes_go_to_the_dead_letter_topic(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=1)
+    f = EventFactory(tenant="cal-bad")
+    bad = [
+        outcome(f, "t", 0, subject_event_id="e", correct=True, score=0.5),  # two verdicts
+        outcome(f, "t", 0, subject_event_id="e", claim_id="c", correct=True),  # two subjects
+        outcome(f, "t", 0, subject_event_id="e"),  # no verdict
+        outcome(f, "t", 0, subject_event_id="e", score=1.5),  # out of range
+        {k: v for k, v in outcome(f, "t", 0, correct=True).items() if k != "source"},  # missing source
+    ]
+    d.start_worker()
+    try:
+        d.produce(bad)
+        records = d.collect(lambda rs: sum(r.topic == d.settings.dlq_topic for r in rs) >= len(bad))
+    finally:
+        d.stop()
+    reasons = sorted(
+        dict(r.headers)["__connect.errors.reason"].decode()
+        for r in records
+        if r.topic == d.settings.dlq_topic
+    )
+    assert reasons == ["invalid_value", "invalid_value", "invalid_value", "missing_field", "out_of_range"]
+    assert all(
+        orjson.loads(r.value)["event_type"] == "OUTCOME" for r in records if r.topic == d.settings.dlq_topic
+    )
