@@ -25,9 +25,9 @@ from streams.app import AckedTable, Service
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
-from streams.stages.calibration import CalibrationWrite
+from streams.stages.calibration import CalibrationWrite, Table, hour_key
 from streams.stages.claims import ClaimWrite
-from streams.state import AgentHistory, GroupCalibration, SubjectEntry, TraceState
+from streams.state import AgentHistory, GroupCalibration, HourBucket, SubjectEntry, TraceState
 
 __all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
 
@@ -185,8 +185,11 @@ def attach_agents(svc: Service) -> None:
     traces = DecodedStates(svc.traces, TraceState)
     histories = DecodedStates(svc.agents_history, AgentHistory)
     claims = DecodedStates(svc.claims, ClaimNode)
-    subjects = DecodedStates(svc.calibration_subjects, SubjectEntry)
-    groups = DecodedStates(svc.calibration_groups, GroupCalibration)
+    calibration_states: dict[Table, DecodedStates[Any]] = {
+        "subjects": DecodedStates(svc.calibration_subjects, SubjectEntry),
+        "groups": DecodedStates(svc.calibration_groups, GroupCalibration),
+        "hours": DecodedStates(svc.calibration_hours, HourBucket),
+    }
 
     def write_trace(key: bytes, state: TraceState) -> None:
         svc.traces.set_from(key, traces.encode(key, state), state.partition)
@@ -198,10 +201,15 @@ def attach_agents(svc: Service) -> None:
         svc.claims.set_from(key, claims.encode(key, write.node), write.partition)
 
     def write_calibration(key: bytes, write: CalibrationWrite) -> None:
-        if isinstance(write.value, SubjectEntry):
-            svc.calibration_subjects.set_from(key, subjects.encode(key, write.value), write.partition)
+        states = calibration_states[write.table]
+        if write.value is None:
+            states.table.set_from(key, None, write.partition)
+            states.forget(key)
         else:
-            svc.calibration_groups.set_from(key, groups.encode(key, write.value), write.partition)
+            states.table.set_from(key, states.encode(key, write.value), write.partition)
+
+    def load_calibration(table: Table, key: bytes) -> BaseModel | None:
+        return calibration_states[table].load(key)
 
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
@@ -223,9 +231,10 @@ def attach_agents(svc: Service) -> None:
 
     @app.agent(svc.calibration_topic, name="calibrate")
     async def calibrate(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "calibrate", svc.calibration_subjects, svc.calibration_groups).run(
+        tables = (svc.calibration_subjects, svc.calibration_groups, svc.calibration_hours)
+        await BatchRunner(svc, "calibrate", *tables).run(
             stream,
-            lambda records: svc.calibration_stage.process(records, subjects.load, groups.load),
+            lambda records: svc.calibration_stage.process(records, load_calibration),
             write_calibration,
         )
 
@@ -248,12 +257,13 @@ def attach_agents(svc: Service) -> None:
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
-        unmatched = _sweep_calibration(svc, subjects, groups)
+        unmatched = _sweep_calibration(svc, calibration_states)
         svc.metrics.table_keys.labels("traces").set(len(svc.traces))
         svc.metrics.table_keys.labels("agent-history").set(len(svc.agents_history))
         svc.metrics.table_keys.labels("claims").set(len(svc.claims))
         svc.metrics.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
         svc.metrics.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
+        svc.metrics.table_keys.labels("calibration-hours").set(len(svc.calibration_hours))
         if expired_traces or expired_claims:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
@@ -263,18 +273,18 @@ def attach_agents(svc: Service) -> None:
         svc.claims.take_pending_writes()
         svc.calibration_subjects.take_pending_writes()
         svc.calibration_groups.take_pending_writes()
+        svc.calibration_hours.take_pending_writes()
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 
     del score_events, score_responses, score_claims, calibrate, sweep_expired_state  # registered on the app
 
 
-def _sweep_calibration(
-    svc: Service, subjects: DecodedStates[SubjectEntry], groups: DecodedStates[GroupCalibration]
-) -> int:
+def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) -> int:
     """Expire scores past the join window, unmatched outcomes and idle groups; return the unmatched."""
     stage = svc.calibration_stage
     unmatched = 0
+    subjects = states["subjects"]
     for key, raw in list(svc.calibration_subjects.items()):
         entry = SubjectEntry.model_validate_json(raw)
         kept, dropped = stage.sweep_subject(key, entry)
@@ -286,7 +296,12 @@ def _sweep_calibration(
             svc.calibration_subjects.set_from(key, subjects.encode(key, kept), stage.partition_of(key))
     svc.metrics.outcomes_unmatched.inc(unmatched)
     for key, raw in list(svc.calibration_groups.items()):
-        if stage.group_expired(key, GroupCalibration.model_validate_json(raw)):
-            svc.calibration_groups.set_from(key, None, stage.partition_of(key))
-            groups.forget(key)
+        group = GroupCalibration.model_validate_json(raw)
+        if stage.group_expired(key, group):
+            partition = stage.partition_of(key)
+            for hour in group.hours:
+                svc.calibration_hours.set_from(hour_key(group, hour), None, partition)
+                states["hours"].forget(hour_key(group, hour))
+            svc.calibration_groups.set_from(key, None, partition)
+            states["groups"].forget(key)
     return unmatched

@@ -89,6 +89,7 @@ class Service:
     claims: SourcePartitionedTable
     calibration_subjects: SourcePartitionedTable
     calibration_groups: SourcePartitionedTable
+    calibration_hours: SourcePartitionedTable
     trace_stage: TraceStage
     agent_stage: AgentStage
     claim_stage: ClaimStage
@@ -197,9 +198,19 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         partitions=settings.topic_partitions,
         key_type=bytes,
         value_type=bytes,
-        help="Per (tenant, model or agent type, score kind): hourly reliability bins.",
+        help="Per (tenant, model or agent type, score kind): the window's reliability bins.",
     )
     app.tables.add(calibration_groups)
+    calibration_hours = SourcePartitionedTable(
+        app,
+        name="calibration-hours",
+        beacon=app.tables.beacon,
+        partitions=settings.topic_partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="Per calibration group and hour: the bins to subtract when the hour leaves the window.",
+    )
+    app.tables.add(calibration_hours)
     return Service(
         settings=settings,
         app=app,
@@ -216,6 +227,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         claims=claims,
         calibration_subjects=calibration_subjects,
         calibration_groups=calibration_groups,
+        calibration_hours=calibration_hours,
         trace_stage=TraceStage(settings, configs, metrics),
         agent_stage=AgentStage(settings, configs, metrics),
         claim_stage=ClaimStage(settings, configs, metrics),

@@ -140,7 +140,7 @@ class SubjectEntry(BaseModel):
 
 
 class HourBucket(BaseModel):
-    """One hour (event time of the outcomes) of a group's calibration."""
+    """One hour (event time of the outcomes) of a group's calibration, kept to leave the window later."""
 
     model_config = ConfigDict(frozen=True)
     bins: dict[int, BinStats] = Field(default_factory=dict)
@@ -148,7 +148,12 @@ class HourBucket(BaseModel):
 
 
 class GroupCalibration(BaseModel):
-    """Calibration of one (tenant, model or agent type, score kind) over a sliding window of hours."""
+    """Calibration of one (tenant, model or agent type, score kind) over a sliding window of hours.
+
+    `bins` and `actions` are the window's running totals: an outcome adds to them and to its hour's
+    bucket (a key of its own), and an hour leaving the window is subtracted. So an update reads and
+    writes two small values, never the whole week.
+    """
 
     model_config = ConfigDict(frozen=True)
     tenant_id: str
@@ -156,6 +161,8 @@ class GroupCalibration(BaseModel):
     value: str
     kind: ScoreKind
     newest: datetime = Field(description="Newest outcome time: the window ends here.")
-    buckets: dict[int, HourBucket] = Field(default_factory=dict, description="Epoch hour -> bucket.")
+    hours: tuple[int, ...] = Field((), description="Epoch hours that have a bucket, oldest first.")
+    bins: dict[int, BinStats] = Field(default_factory=dict)
+    actions: dict[str, ActionStats] = Field(default_factory=dict)
     last_emitted_ece: float | None = None
     last_emitted_at: datetime | None = None

@@ -17,7 +17,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.app import Service
 from streams.scoring import calibration, claim_graph, evidence
-from streams.stages.calibration import window_actions, window_histogram
 from streams.state import AgentHistory, GroupCalibration, TraceState, table_key
 
 __all__ = [
@@ -282,8 +281,7 @@ def calibration_group_matches(
 
 def calibration_summary(svc: Service, group: GroupCalibration, target_precision: float) -> dict[str, object]:
     """One group's window: bins, ECE, Brier, accuracy per action and the threshold advice."""
-    window = timedelta(hours=svc.settings.calibration_window_hours)
-    histogram = window_histogram(group, window)
+    histogram = group.bins
     advice = calibration.advise_threshold(histogram, target_precision)
     # Which setting the advice is for (seed 003's min_acceptance, seed 004's per-agent-type threshold).
     setting: dict[str, object] | None = None
@@ -303,7 +301,7 @@ def calibration_summary(svc: Service, group: GroupCalibration, target_precision:
         "bins": [b.model_dump(mode="json") for b in calibration.reliability(histogram)],
         "accuracy_by_action": {
             action: {"count": stats.count, "observed_accuracy": stats.observed_accuracy}
-            for action, stats in sorted(window_actions(group, window).items())
+            for action, stats in sorted(group.actions.items())
         },
         "advice": {**advice.model_dump(mode="json"), "setting": setting},
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,6 +37,8 @@ __all__ = [
     "fine_bin",
     "merge",
     "reliability",
+    "subtract",
+    "summary",
     "total",
 ]
 
@@ -45,10 +48,9 @@ RELIABILITY_BINS = 10
 _FINE_EDGES = tuple(i / FINE_BINS for i in range(1, FINE_BINS))
 
 
-class BinStats(BaseModel):
-    """Sums over the predictions that fell in one bin."""
+class BinStats(NamedTuple):
+    """Sums over the predictions that fell in one bin (a tuple: stored as a JSON array, cheap to add)."""
 
-    model_config = ConfigDict(frozen=True)
     count: int = 0
     sum_predicted: float = 0.0
     sum_observed: float = 0.0
@@ -56,10 +58,18 @@ class BinStats(BaseModel):
 
     def plus(self, other: BinStats) -> BinStats:
         return BinStats(
-            count=self.count + other.count,
-            sum_predicted=self.sum_predicted + other.sum_predicted,
-            sum_observed=self.sum_observed + other.sum_observed,
-            sum_squared_error=self.sum_squared_error + other.sum_squared_error,
+            self.count + other.count,
+            self.sum_predicted + other.sum_predicted,
+            self.sum_observed + other.sum_observed,
+            self.sum_squared_error + other.sum_squared_error,
+        )
+
+    def minus(self, other: BinStats) -> BinStats:
+        return BinStats(
+            self.count - other.count,
+            self.sum_predicted - other.sum_predicted,
+            self.sum_observed - other.sum_observed,
+            self.sum_squared_error - other.sum_squared_error,
         )
 
 
@@ -67,17 +77,17 @@ class BinStats(BaseModel):
 Histogram = Mapping[int, BinStats]
 
 
-class ActionStats(BaseModel):
+class ActionStats(NamedTuple):
     """Outcomes of the responses that got one action (allow / flag / reject)."""
 
-    model_config = ConfigDict(frozen=True)
     count: int = 0
     sum_observed: float = 0.0
 
     def plus(self, other: ActionStats) -> ActionStats:
-        return ActionStats(
-            count=self.count + other.count, sum_observed=self.sum_observed + other.sum_observed
-        )
+        return ActionStats(self.count + other.count, self.sum_observed + other.sum_observed)
+
+    def minus(self, other: ActionStats) -> ActionStats:
+        return ActionStats(self.count - other.count, self.sum_observed - other.sum_observed)
 
     @property
     def observed_accuracy(self) -> float | None:
@@ -114,14 +124,22 @@ def fine_bin(predicted: float) -> int:
 def add(histogram: Histogram, predicted: float, observed: float) -> dict[int, BinStats]:
     """`histogram` with one more (prediction, outcome)."""
     index = fine_bin(predicted)
-    one = BinStats(
-        count=1,
-        sum_predicted=predicted,
-        sum_observed=observed,
-        sum_squared_error=(predicted - observed) ** 2,
-    )
+    one = BinStats(1, predicted, observed, (predicted - observed) ** 2)
     current = histogram.get(index)
     return {**histogram, index: one if current is None else current.plus(one)}
+
+
+def subtract(histogram: Histogram, removed: Histogram) -> dict[int, BinStats]:
+    """`histogram` without `removed` (an hour leaving the window); emptied bins are dropped, so
+    rounding left by the subtraction never outlives the data it came from."""
+    result = dict(histogram)
+    for index, stats in removed.items():
+        left = result[index].minus(stats)
+        if left.count > 0:
+            result[index] = left
+        else:
+            del result[index]
+    return result
 
 
 def merge(histograms: Iterable[Histogram]) -> dict[int, BinStats]:
@@ -138,43 +156,51 @@ def total(histogram: Histogram) -> int:
     return sum(stats.count for stats in histogram.values())
 
 
+def _coarse(histogram: Histogram) -> list[tuple[int, float, float]]:
+    """(count, sum predicted, sum observed) per reliability bin, summed in bin order."""
+    width = FINE_BINS // RELIABILITY_BINS
+    counts, predicted, observed = [0] * RELIABILITY_BINS, [0.0] * RELIABILITY_BINS, [0.0] * RELIABILITY_BINS
+    for index in sorted(histogram):
+        count, sum_predicted, sum_observed, _ = histogram[index]
+        coarse = index // width
+        counts[coarse] += count
+        predicted[coarse] += sum_predicted
+        observed[coarse] += sum_observed
+    return list(zip(counts, predicted, observed, strict=True))
+
+
+def summary(histogram: Histogram) -> tuple[int, float | None, float | None]:
+    """(samples, ECE, Brier) in one pass over the bins (the per-outcome path)."""
+    n = sum(stats.count for stats in histogram.values())
+    if n == 0:
+        return 0, None, None
+    squared = sum(stats.sum_squared_error for stats in histogram.values())
+    gaps = sum(abs(o / c - p / c) * c for c, p, o in _coarse(histogram) if c)
+    return n, gaps / n, squared / n
+
+
 def reliability(histogram: Histogram) -> list[ReliabilityBin]:
     """The 10-bin reliability diagram (empty bins have count 0 and no means)."""
-    width = FINE_BINS // RELIABILITY_BINS
-    bins = []
-    for coarse in range(RELIABILITY_BINS):
-        stats = BinStats()
-        for index in range(coarse * width, (coarse + 1) * width):
-            if index in histogram:
-                stats = stats.plus(histogram[index])
-        bins.append(
-            ReliabilityBin(
-                lower=coarse / RELIABILITY_BINS,
-                upper=(coarse + 1) / RELIABILITY_BINS,
-                count=stats.count,
-                mean_predicted=stats.sum_predicted / stats.count if stats.count else None,
-                observed_rate=stats.sum_observed / stats.count if stats.count else None,
-            )
+    return [
+        ReliabilityBin(
+            lower=coarse / RELIABILITY_BINS,
+            upper=(coarse + 1) / RELIABILITY_BINS,
+            count=count,
+            mean_predicted=predicted / count if count else None,
+            observed_rate=observed / count if count else None,
         )
-    return bins
+        for coarse, (count, predicted, observed) in enumerate(_coarse(histogram))
+    ]
 
 
 def ece(histogram: Histogram) -> float | None:
     """Expected calibration error over the 10 reliability bins (None without data)."""
-    n = total(histogram)
-    if n == 0:
-        return None
-    return sum(
-        b.count / n * abs(b.observed_rate - b.mean_predicted)
-        for b in reliability(histogram)
-        if b.observed_rate is not None and b.mean_predicted is not None
-    )
+    return summary(histogram)[1]
 
 
 def brier(histogram: Histogram) -> float | None:
     """Mean squared error of the predictions (None without data)."""
-    n = total(histogram)
-    return sum(s.sum_squared_error for s in histogram.values()) / n if n else None
+    return summary(histogram)[2]
 
 
 def advise_threshold(histogram: Histogram, target_precision: float) -> ThresholdAdvice:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 import orjson
+from pydantic import BaseModel
 
 from streams.config import ScoringConfigs, Settings
 from streams.events import CalibrationGroup, CalibrationUpdated, OutcomeEvent
@@ -34,12 +35,13 @@ from streams.state import (
 __all__ = [
     "CalibrationStage",
     "CalibrationWrite",
+    "Table",
     "group_key",
+    "hour_key",
     "outcome_message",
     "subject_key",
     "subject_message",
     "upstream",
-    "window_histogram",
 ]
 
 Upstream = Literal["trace", "responses", "claims"]
@@ -58,6 +60,10 @@ def subject_key(tenant_id: str, subject_type: str, subject_id: str) -> bytes:
 
 def group_key(tenant_id: str, dimension: str, value: str, kind: str) -> bytes:
     return orjson.dumps([tenant_id, "group", dimension, value, kind])
+
+
+def hour_key(group: GroupCalibration, hour: int) -> bytes:
+    return orjson.dumps([group.tenant_id, "hour", group.dimension, group.value, group.kind, hour])
 
 
 def _message(settings: Settings, message: CalibrationMessage) -> Record:
@@ -94,30 +100,72 @@ def _hour(moment: datetime) -> int:
     return int(moment.timestamp() // 3600)
 
 
-def window_histogram(group: GroupCalibration, window: timedelta) -> dict[int, calibration.BinStats]:
-    """The group's fine bins summed over the hours of the window that ends at its newest outcome."""
-    first = _hour(group.newest - window) + 1
-    return calibration.merge(b.bins for hour, b in group.buckets.items() if hour >= first)
-
-
-def window_actions(group: GroupCalibration, window: timedelta) -> dict[str, calibration.ActionStats]:
-    """Outcomes per action (allow / flag / reject) over the window."""
-    first = _hour(group.newest - window) + 1
-    totals: dict[str, calibration.ActionStats] = {}
-    for hour, bucket in group.buckets.items():
-        if hour >= first:
-            for action, stats in bucket.actions.items():
-                current = totals.get(action)
-                totals[action] = stats if current is None else current.plus(stats)
-    return totals
+Table = Literal["subjects", "groups", "hours"]
 
 
 @dataclass(frozen=True, slots=True)
 class CalibrationWrite:
-    """A calibration table value to write (subject entry or group), to its tenant's partition."""
+    """A value for one of the calibration tables (None deletes the key), to its tenant's partition."""
 
-    value: SubjectEntry | GroupCalibration
+    table: Table
+    value: SubjectEntry | GroupCalibration | HourBucket | None
     partition: int
+
+
+def _minus(
+    actions: dict[str, calibration.ActionStats], removed: dict[str, calibration.ActionStats]
+) -> dict[str, calibration.ActionStats]:
+    result = dict(actions)
+    for action, stats in removed.items():
+        left = result[action].minus(stats)
+        if left.count > 0:
+            result[action] = left
+        else:
+            del result[action]
+    return result
+
+
+def _plus(
+    actions: dict[str, calibration.ActionStats], action: str, one: calibration.ActionStats
+) -> dict[str, calibration.ActionStats]:
+    current = actions.get(action)
+    return {**actions, action: one if current is None else current.plus(one)}
+
+
+class _Batch:
+    """The batch's view of the three tables: values written in this batch win over stored ones."""
+
+    def __init__(
+        self,
+        load: Callable[[Table, bytes], BaseModel | None],
+        dirty: dict[bytes, CalibrationWrite],
+        partition: int,
+    ) -> None:
+        self._load, self._dirty, self._partition = load, dirty, partition
+
+    def _get(self, table: Table, key: bytes) -> BaseModel | None:
+        write = self._dirty.get(key)
+        return write.value if write is not None else self._load(table, key)
+
+    def subject(self, key: bytes) -> SubjectEntry:
+        value = self._get("subjects", key)
+        assert value is None or isinstance(value, SubjectEntry)
+        return value or SubjectEntry()
+
+    def group(self, key: bytes) -> GroupCalibration | None:
+        value = self._get("groups", key)
+        assert value is None or isinstance(value, GroupCalibration)
+        return value
+
+    def hour(self, key: bytes) -> HourBucket | None:
+        value = self._get("hours", key)
+        assert value is None or isinstance(value, HourBucket)
+        return value
+
+    def write(
+        self, table: Table, key: bytes, value: SubjectEntry | GroupCalibration | HourBucket | None
+    ) -> None:
+        self._dirty[key] = CalibrationWrite(table, value, self._partition)
 
 
 class CalibrationStage:
@@ -131,67 +179,39 @@ class CalibrationStage:
         self.window = timedelta(hours=settings.calibration_window_hours)
 
     def process(
-        self,
-        records: list[InputRecord],
-        load_subject: Callable[[bytes], SubjectEntry | None],
-        load_group: Callable[[bytes], GroupCalibration | None],
+        self, records: list[InputRecord], load: Callable[[Table, bytes], BaseModel | None]
     ) -> tuple[list[Record], dict[bytes, CalibrationWrite]]:
-        """Process a batch in order; return records to send and the table values to write (once each)."""
+        """Process a batch in order; return records to send and the table values to write (once each).
+
+        `load(table, key)` reads the stored value of `key` in one of the three calibration tables.
+        """
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, CalibrationWrite] = {}
         for record in records:
             out.guarded(
-                record, "calibration stage", lambda r: self._one(r, load_subject, load_group, dirty, out)
+                record, "calibration stage", lambda r: self._one(r, _Batch(load, dirty, r.partition), out)
             )
         return out.records, dirty
 
-    def _one(
-        self,
-        record: InputRecord,
-        load_subject: Callable[[bytes], SubjectEntry | None],
-        load_group: Callable[[bytes], GroupCalibration | None],
-        dirty: dict[bytes, CalibrationWrite],
-        out: Outputs,
-    ) -> None:
+    def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         message = CalibrationMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
-
-        def entry_of(key: bytes) -> SubjectEntry:
-            write = dirty.get(key)
-            if write is not None:
-                assert isinstance(write.value, SubjectEntry)
-                return write.value
-            return load_subject(key) or SubjectEntry()
-
-        def group_of(key: bytes) -> GroupCalibration | None:
-            write = dirty.get(key)
-            if write is not None:
-                assert isinstance(write.value, GroupCalibration)
-                return write.value
-            return load_group(key)
-
-        def apply(subject: CalibrationSubject, outcome: OutcomeEvent) -> None:
-            for key, group in self._apply(tenant, subject, outcome, group_of, message.received_at, out):
-                dirty[key] = CalibrationWrite(group, record.partition)
-
         if message.subject is not None:
             subject = message.subject
             key = subject_key(tenant, subject.subject_type, subject.subject_id)
-            entry = entry_of(key)
+            entry = batch.subject(key)
             self.clock.saw(record.partition, subject.event_time, source=message.source)
             if entry.subject is not None and entry.subject.event_time > subject.event_time:
                 return  # an older score (re-delivered or overtaken): keep the newer one
             for outcome in entry.waiting:
-                apply(subject, outcome)
+                self._apply(tenant, subject, outcome, batch, message.received_at, out)
                 self.metrics.outcomes.labels("matched").inc()
             applied = (*entry.applied, *(o.event_id for o in entry.waiting))
-            dirty[key] = CalibrationWrite(
-                SubjectEntry(subject=subject, applied=applied, waiting=()), record.partition
-            )
+            batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
         if message.outcome is not None:
             outcome = message.outcome
             key = subject_key(tenant, outcome.subject_type, outcome.subject_id)
-            entry = entry_of(key)
+            entry = batch.subject(key)
             self.clock.saw(record.partition, outcome.timestamp, source=message.source)
             if outcome.event_id in entry.applied or any(
                 w.event_id == outcome.event_id for w in entry.waiting
@@ -200,66 +220,84 @@ class CalibrationStage:
                 return
             if entry.subject is None:
                 self.metrics.outcomes.labels("waiting").inc()
-                update = {"waiting": (*entry.waiting, outcome)}
+                entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
             else:
-                apply(entry.subject, outcome)
+                self._apply(tenant, entry.subject, outcome, batch, message.received_at, out)
                 self.metrics.outcomes.labels("matched").inc()
-                update = {"applied": (*entry.applied, outcome.event_id)}
-            dirty[key] = CalibrationWrite(entry.model_copy(update=update), record.partition)
+                entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
+            batch.write("subjects", key, entry)
 
     def _apply(
         self,
         tenant: str,
         subject: CalibrationSubject,
         outcome: OutcomeEvent,
-        group_of: Callable[[bytes], GroupCalibration | None],
+        batch: _Batch,
         received_at: float,
         out: Outputs,
-    ) -> list[tuple[bytes, GroupCalibration]]:
+    ) -> None:
         """Count one (score, outcome) pair in every group the subject belongs to."""
         groups: list[tuple[Dimension, str | None]] = [
             ("model", subject.model),
             ("agent_type", subject.agent_type),
         ]
-        changed = []
         for kind, predicted in subject.scores.items():
             for dimension, value in groups:
                 if value is None:
                     continue
                 key = group_key(tenant, dimension, value, kind)
-                group = group_of(key) or GroupCalibration(
+                group = batch.group(key) or GroupCalibration(
                     tenant_id=tenant, dimension=dimension, value=value, kind=kind, newest=outcome.timestamp
                 )
-                group = self._count(group, predicted, outcome, subject.action if kind == "response" else None)
-                group = self._report(group, outcome, received_at, out)
-                changed.append((key, group))
-        return changed
+                action = subject.action if kind == "response" else None
+                group = self._count(group, predicted, outcome, action, batch)
+                batch.write("groups", key, self._report(group, outcome, received_at, out))
 
     def _count(
-        self, group: GroupCalibration, predicted: float, outcome: OutcomeEvent, action: str | None
+        self,
+        group: GroupCalibration,
+        predicted: float,
+        outcome: OutcomeEvent,
+        action: str | None,
+        batch: _Batch,
     ) -> GroupCalibration:
+        """Add the pair to its hour's bucket and to the window totals; drop hours that left the window."""
+        observed = outcome.observed
         hour = _hour(outcome.timestamp)
-        bucket = group.buckets.get(hour) or HourBucket()
-        actions = bucket.actions
-        if action is not None:
-            one = calibration.ActionStats(count=1, sum_observed=outcome.observed)
-            actions = {**actions, action: one if action not in actions else actions[action].plus(one)}
-        bucket = HourBucket(bins=calibration.add(bucket.bins, predicted, outcome.observed), actions=actions)
         newest = max(group.newest, outcome.timestamp)
-        first = _hour(newest - self.window) + 1  # hours that left the window are dropped
-        buckets = {h: b for h, b in {**group.buckets, hour: bucket}.items() if h >= first}
-        return group.model_copy(update={"buckets": buckets, "newest": newest})
+        first = _hour(newest - self.window) + 1
+        if hour < first:
+            return group  # judges an hour that already left the window: nothing to count it in
+        bucket = batch.hour(hour_key(group, hour)) or HourBucket()
+        bins, actions, bucket_actions = group.bins, group.actions, bucket.actions
+        if action is not None:
+            one = calibration.ActionStats(1, observed)
+            bucket_actions = _plus(bucket_actions, action, one)
+            actions = _plus(actions, action, one)
+        # model_construct: built here from validated values, so no second validation (hot path).
+        batch.write(
+            "hours",
+            hour_key(group, hour),
+            HourBucket.model_construct(
+                bins=calibration.add(bucket.bins, predicted, observed), actions=bucket_actions
+            ),
+        )
+        bins = calibration.add(bins, predicted, observed)
+        hours = group.hours if hour in group.hours else tuple(sorted((*group.hours, hour)))
+        while hours and hours[0] < first:  # oldest first: subtract the hours that left the window
+            leaving = batch.hour(hour_key(group, hours[0]))
+            if leaving is not None:
+                bins = calibration.subtract(bins, leaving.bins)
+                actions = _minus(actions, leaving.actions)
+            batch.write("hours", hour_key(group, hours[0]), None)
+            hours = hours[1:]
+        return group.model_copy(update={"bins": bins, "actions": actions, "hours": hours, "newest": newest})
 
     def _report(
         self, group: GroupCalibration, outcome: OutcomeEvent, received_at: float, out: Outputs
     ) -> GroupCalibration:
         """Update the gauges; emit CALIBRATION_UPDATED when ECE moved enough, at most every N minutes."""
-        histogram = window_histogram(group, self.window)
-        ece, brier, samples = (
-            calibration.ece(histogram),
-            calibration.brier(histogram),
-            calibration.total(histogram),
-        )
+        samples, ece, brier = calibration.summary(group.bins)
         if ece is None or brier is None:
             return group
         m = self.metrics
@@ -303,7 +341,7 @@ class CalibrationStage:
             samples=samples,
             window_hours=settings.calibration_window_hours,
             alert=alert,
-            bins=calibration.reliability(histogram),
+            bins=calibration.reliability(group.bins),
         ).model_dump(mode="json")
         out.emit(output, outcome.trace_id.encode(), alert, received_at)
         return group.model_copy(update={"last_emitted_ece": ece, "last_emitted_at": outcome.timestamp})
@@ -336,5 +374,5 @@ class CalibrationStage:
         ), unmatched
 
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
-        """A group whose newest outcome left the window: every bucket is out of it."""
+        """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""
         return self.clock.idle_longer_than(self.partition_of(key), group.newest, self.window)

@@ -74,7 +74,9 @@ def test_graded_outcomes_brier_is_the_mean_squared_error(points: list[tuple[floa
     assert brier is not None and math.isclose(brier, expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def brute_force_advice(points: list[tuple[float, bool]], target: float) -> tuple[float | None, int, float | None]:
+def brute_force_advice(
+    points: list[tuple[float, bool]], target: float
+) -> tuple[float | None, int, float | None]:
     """Every grid threshold, lowest first: the first whose allowed (p >= t) precision meets the target."""
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS
