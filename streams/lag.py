@@ -108,9 +108,7 @@ class LagMonitor:
 def attach_lag_monitor(svc: Service, interval: float = LAG_INTERVAL_SECONDS) -> LagMonitor:
     """Register a timer on `svc.app` that exports `confidence_consumer_lag` every `interval` seconds."""
     settings = svc.settings
-    monitor = LagMonitor(
-        svc.metrics, (*settings.input_topic_names, settings.responses_topic, settings.claims_topic)
-    )
+    monitor = LagMonitor(svc.metrics, (*settings.input_topic_names, *settings.internal_topics))
 
     @svc.app.timer(interval=interval, name="consumer-lag")  # type: ignore[untyped-decorator]
     async def sample_consumer_lag() -> None:

@@ -83,10 +83,10 @@ def test_every_dashboard_metric_is_exported_by_a_running_worker(kafka: RunningBr
             (("action", "reject"),): 1.0,
         }
         assert s.total("llm_confidence_rejected_total", tenant="dash") == 1.0
-        # Lag series: this worker's partitions of the input and both repartition topics, nothing else.
+        # Lag series: this worker's partitions of the input and the internal repartition topics, nothing else.
         settings = d.settings
         topics = {dict(labels)["topic"] for labels in s.series("confidence_consumer_lag")}
-        assert topics == {settings.input_topic_names[0], settings.responses_topic, settings.claims_topic}
+        assert topics == {settings.input_topic_names[0], *settings.internal_topics}
         assert set(_lag(s, settings.input_topic_names[0])) == {"0"}
     finally:
         d.stop()
