@@ -16,6 +16,7 @@ def _worker(_: argparse.Namespace) -> int:
     from streams.agents import EXIT_BATCH_FAILED, attach_agents
     from streams.app import changelog_topics, create_app
     from streams.config import load_settings
+    from streams.lag import attach_lag_monitor
     from streams.topics import PartitionMismatch, ensure_topics
     from streams.views import attach_views
 
@@ -29,6 +30,7 @@ def _worker(_: argparse.Namespace) -> int:
         return 2
     attach_agents(svc)
     attach_views(svc)
+    attach_lag_monitor(svc)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
     worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
     try:

@@ -55,6 +55,8 @@ class Metrics(NamedTuple):
     calibration_brier: Gauge
     outcomes: Counter
     outcomes_unmatched: Counter
+    response_actions: Counter
+    consumer_lag: Gauge
     labels: LabelCap
 
 
@@ -181,6 +183,18 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         outcomes_unmatched=Counter(
             "confidence_outcomes_unmatched",
             "OUTCOME events dropped because their score never arrived or had expired",
+            registry=registry,
+        ),
+        response_actions=Counter(
+            "confidence_response_actions",
+            "RESPONSE_SCORED outputs by seed 003 action (allow, flag, reject)",
+            ("action",),
+            registry=registry,
+        ),
+        consumer_lag=Gauge(
+            "confidence_consumer_lag",
+            "Records behind the end of each assigned input or repartition partition (streams/lag.py)",
+            ("topic", "partition"),
             registry=registry,
         ),
         labels=LabelCap(label_cap),

@@ -206,6 +206,7 @@ class AgentStage:
             gauge.set(
                 pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous)
             )
+        m.response_actions.labels(str(output["action"])).inc()
         if output["action"] == "reject":
             m.confidence_rejected.labels(*labels).inc()
         comp = output["composite"]

@@ -1,0 +1,112 @@
+"""The consumer-lag monitor against a fake consumer: definition, topics, rebalance, failures."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import pytest
+from faust.types import TP
+from prometheus_client import CollectorRegistry
+
+from streams import metrics
+from streams.lag import LagMonitor, partition_lag
+
+IN, RESP, CHANGELOG = "agent-events", "cs-responses-by-agent", "cs-traces-changelog"
+
+
+class FakeConsumer:
+    """Assignment, end offsets, Faust's committed offsets and positions, as plain dicts."""
+
+    def __init__(
+        self,
+        ends: dict[TP, int],
+        committed: dict[TP, int],
+        positions: dict[TP, int] | None = None,
+        fail: Exception | None = None,
+    ) -> None:
+        self.ends = ends
+        self._committed_offset = committed
+        self.positions = positions or {}
+        self.fail = fail
+        self.asked_ends: list[TP] = []
+
+    def assignment(self) -> set[TP]:
+        return set(self.ends)
+
+    async def highwaters(self, *partitions: TP) -> Mapping[TP, int]:
+        if self.fail is not None:
+            raise self.fail
+        self.asked_ends = list(partitions)
+        return {tp: self.ends[tp] for tp in partitions}
+
+    async def position(self, tp: TP) -> int | None:
+        return self.positions.get(tp)
+
+
+def _monitor() -> tuple[LagMonitor, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return LagMonitor(metrics.create(registry), (IN, RESP)), registry
+
+
+def _gauge(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+    return {
+        (s.labels["topic"], s.labels["partition"]): s.value
+        for family in registry.collect()
+        if family.name == "confidence_consumer_lag"
+        for s in family.samples
+    }
+
+
+@pytest.mark.parametrize(
+    ("end", "committed", "position", "expected"),
+    [
+        (100, 40, None, 60),  # end - committed (committed = next offset to read)
+        (100, 40, 90, 60),  # the committed offset wins over a prefetching position
+        (100, None, 75, 25),  # nothing committed yet: the position stands in
+        (100, 100, None, 0),
+        (97, 100, None, 0),  # Tansu's end can trail the real end: never negative
+        (None, 40, None, None),  # end unknown
+        (100, None, None, None),  # start unknown
+    ],
+)
+def test_partition_lag(
+    end: int | None, committed: int | None, position: int | None, expected: int | None
+) -> None:
+    assert partition_lag(end, committed, position) == expected
+
+
+async def test_sample_reads_only_stage_topics_and_exports_each_partition() -> None:
+    monitor, registry = _monitor()
+    consumer = FakeConsumer(
+        ends={TP(IN, 0): 50, TP(IN, 1): 10, TP(RESP, 0): 7, TP(CHANGELOG, 0): 999},
+        committed={TP(IN, 0): 20, TP(RESP, 0): 7},
+        positions={TP(IN, 1): 4},
+    )
+    await monitor.tick(consumer)
+    assert TP(CHANGELOG, 0) not in consumer.asked_ends  # changelogs are read only during recovery
+    assert _gauge(registry) == {(IN, "0"): 30.0, (IN, "1"): 6.0, (RESP, "0"): 0.0}
+
+
+async def test_revoked_partitions_leave_the_gauge() -> None:
+    monitor, registry = _monitor()
+    await monitor.tick(
+        FakeConsumer(ends={TP(IN, 0): 5, TP(IN, 1): 5}, committed={TP(IN, 0): 1, TP(IN, 1): 2})
+    )
+    assert _gauge(registry) == {(IN, "0"): 4.0, (IN, "1"): 3.0}
+    # After a rebalance this worker owns partition 1 only; another worker reports partition 0.
+    await monitor.tick(FakeConsumer(ends={TP(IN, 1): 9}, committed={TP(IN, 1): 9}))
+    assert _gauge(registry) == {(IN, "1"): 0.0}
+
+
+async def test_a_failed_sample_keeps_the_last_values_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    monitor, registry = _monitor()
+    await monitor.tick(FakeConsumer(ends={TP(IN, 0): 5}, committed={TP(IN, 0): 1}))
+    broken = FakeConsumer(ends={TP(IN, 0): 5}, committed={}, fail=ConnectionError("broker gone"))
+    with caplog.at_level(logging.WARNING, logger="streams.lag"):
+        await monitor.tick(broken)
+        await monitor.tick(broken)
+    assert [r.getMessage() for r in caplog.records] == [
+        "consumer lag not sampled: ConnectionError: broker gone"
+    ]
+    assert _gauge(registry) == {(IN, "0"): 4.0}
