@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +26,7 @@ from streams.producer import EventProducer, build
 from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, deploy
 
 PARTITIONS = 4
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "produce_events.py"
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +206,36 @@ def test_idempotent_producer_where_the_broker_supports_it(deployment: Deployment
             asyncio.run(publish())
     else:
         assert asyncio.run(publish()).offset >= 0
+
+
+def test_the_example_script_publishes_a_trace_that_is_scored(deployment: Deployment) -> None:
+    # The worker's environment is the example's: same bootstrap servers, same input topic.
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        env={**os.environ, **deployment.env},
+        cwd=deployment.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    found = re.search(r"^trace_id=(\S+) ", done.stdout, re.MULTILINE)
+    assert found, done.stdout
+    trace = found.group(1)
+    wanted = {"TRACE_SCORED": 2, "RESPONSE_SCORED": 1, "CLAIM_SCORED": 1}
+
+    def kinds(records: list[Consumed]) -> dict[str, int]:
+        counts = dict.fromkeys(wanted, 0)
+        for r in records:
+            if r.topic == deployment.settings.scored_topic and r.key == trace.encode():
+                counts[orjson.loads(r.value)["event_type"]] += 1
+        return counts
+
+    records = deployment.collect(lambda records: kinds(records) == wanted)
+    assert kinds(records) == wanted
+    bands = [
+        out["band"]
+        for out in deployment.outputs(records)
+        if out["trace_id"] == trace and out["event_type"] == "TRACE_SCORED"
+    ]
+    assert bands == ["adequate", "strong"]  # what examples/README.md says the tail shows
