@@ -16,9 +16,9 @@ demo: $(STAMP)
 	$(BIN)/confidence-streams demo
 
 test: $(STAMP)
-	$(BIN)/ruff check streams tests bench
-	$(BIN)/ruff format --check streams tests bench
-	$(BIN)/mypy streams/scoring
+	$(BIN)/ruff check streams tests bench examples
+	$(BIN)/ruff format --check streams tests bench examples
+	$(BIN)/mypy streams/scoring streams/producer.py examples
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
@@ -29,8 +29,8 @@ schemas: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check streams tests bench
-	$(BIN)/mypy streams/scoring
+	$(BIN)/ruff format --check streams tests bench examples
+	$(BIN)/mypy streams/scoring streams/producer.py examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
