@@ -63,9 +63,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from streams.tail import tail
+    from streams.tail import run
 
-    return asyncio.run(tail(flagged_only=args.flagged, limit=args.limit))
+    source = "dlq" if args.dlq else "flagged" if args.flagged else "scored"
+    return run(source, limit=args.limit, as_json=args.json, color=args.color)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
     demo.set_defaults(run=_demo)
-    tail = commands.add_parser("tail", help="pretty-print scored (or flagged) events as they arrive")
-    tail.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
+    tail = commands.add_parser("tail", help="one line per scored (or flagged, or dead-lettered) event")
+    which = tail.add_mutually_exclusive_group()
+    which.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
+    which.add_argument("--dlq", action="store_true", help="follow the dead-letter topic instead")
     tail.add_argument("--limit", type=int, default=None, help="stop after this many events")
+    tail.add_argument("--json", action="store_true", help="print each record's value as one JSON line")
+    tail.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="auto: only on a terminal"
+    )
     tail.set_defaults(run=_tail)
 
     # `worker` hands the remaining argv to Faust's own command line.
