@@ -1,4 +1,4 @@
-"""The `confidence-streams` command: worker, topics create, demo, tail."""
+"""The `confidence-streams` command: worker, topics create|describe, demo, tail, report."""
 
 from __future__ import annotations
 
@@ -56,6 +56,24 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _topics_describe(args: argparse.Namespace) -> int:
+    import orjson
+    from rich.console import Console
+
+    from streams.app import changelog_topics, create_app
+    from streams.config import load_settings
+    from streams.describe import describe_topics, table_of, to_json
+
+    settings = load_settings()
+    states = asyncio.run(describe_topics(settings, changelog_topics(create_app(settings))))
+    if args.json:
+        report = to_json(states, settings.app_id, settings.kafka_bootstrap_servers)
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        Console(soft_wrap=True).print(table_of(states, settings.app_id))
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from streams.demo_runner import run_demo
 
@@ -82,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     create.add_argument("--partitions", type=int, default=None, help="override TOPIC_PARTITIONS")
     create.add_argument("--input-retention-ms", type=int, default=None, help="override INPUT_RETENTION_MS")
     create.set_defaults(run=_topics)
+    describe = topics_commands.add_parser(
+        "describe", help="partitions, retention, end offsets, the group's committed offsets and lag"
+    )
+    describe.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    describe.set_defaults(run=_topics_describe)
     demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
     demo.set_defaults(run=_demo)
