@@ -77,7 +77,7 @@ def _topics_describe(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from streams.demo_runner import run_demo
 
-    return run_demo(timeout=args.timeout)
+    return run_demo(timeout=args.timeout, report_dir=args.report)
 
 
 def _tail(args: argparse.Namespace) -> int:
@@ -85,6 +85,30 @@ def _tail(args: argparse.Namespace) -> int:
 
     source = "dlq" if args.dlq else "flagged" if args.flagged else "scored"
     return run(source, limit=args.limit, as_json=args.json, color=args.color)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from streams.config import load_settings
+
+    try:
+        from streams.report import read_source, write_report
+        from streams.report_plot import render_png  # noqa: F401 - fails early without the extra
+    except ImportError as exc:
+        print(
+            f"confidence-streams report: {exc.name} is missing; install the extra: "
+            "pip install 'confidence-streams[report]'",
+            file=sys.stderr,
+        )
+        return 2
+    settings = load_settings()
+    try:
+        records, source = read_source(args.source, settings.kafka_bootstrap_servers)
+    except (LookupError, TimeoutError) as exc:
+        print(f"confidence-streams report: {exc}", file=sys.stderr)
+        return 1
+    png, html = write_report(records, args.out, source=source, title=args.title)
+    print(f"report: {html} and {png} ({len(records)} records from {source})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     describe.set_defaults(run=_topics_describe)
     demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
+    demo.add_argument(
+        "--report", metavar="DIR", default=None, help="also write the run's report (HTML + PNG) here"
+    )
     demo.set_defaults(run=_demo)
     tail = commands.add_parser("tail", help="one line per scored (or flagged, or dead-lettered) event")
     which = tail.add_mutually_exclusive_group()
@@ -118,6 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         "--color", choices=("auto", "always", "never"), default="auto", help="auto: only on a terminal"
     )
     tail.set_defaults(run=_tail)
+
+    report = commands.add_parser("report", help="HTML page and PNG charts of a run's outputs")
+    report.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="TOPIC|FILE",
+        help="an existing JSON-lines file (e.g. from `tail --json`), - for stdin, else a topic name",
+    )
+    report.add_argument("--out", default="confidence-report", metavar="DIR", help="output directory")
+    report.add_argument("--title", default="confidence report", help="title of the page and the image")
+    report.set_defaults(run=_report)
 
     # `worker` hands the remaining argv to Faust's own command line.
     argv = list(sys.argv[1:] if argv is None else argv)
