@@ -74,9 +74,25 @@ def _topics_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_extra_missing() -> bool:
+    """True (after one line on stderr) when the `report` extra (matplotlib) is not installed."""
+    try:
+        import streams.report_plot  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"confidence-streams: {exc.name} is missing for the report; install the extra: "
+            "pip install 'confidence-streams[report]'",
+            file=sys.stderr,
+        )
+        return True
+    return False
+
+
 def _demo(args: argparse.Namespace) -> int:
     from streams.demo_runner import run_demo
 
+    if args.report is not None and _report_extra_missing():
+        return 2
     return run_demo(timeout=args.timeout, report_dir=args.report)
 
 
@@ -89,16 +105,9 @@ def _tail(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from streams.config import load_settings
+    from streams.report import read_source, write_report
 
-    try:
-        from streams.report import read_source, write_report
-        from streams.report_plot import render_png  # noqa: F401 - fails early without the extra
-    except ImportError as exc:
-        print(
-            f"confidence-streams report: {exc.name} is missing; install the extra: "
-            "pip install 'confidence-streams[report]'",
-            file=sys.stderr,
-        )
+    if _report_extra_missing():
         return 2
     settings = load_settings()
     try:
@@ -167,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker keeps its own log
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices (report)
     return int(args.run(args))
 
 

@@ -9,7 +9,6 @@ import os
 import socket
 import tempfile
 import time
-import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
@@ -93,7 +92,7 @@ def _wait_ready(worker: WorkerProcess, web_port: int, timeout: float) -> None:
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
                     return
-        except (OSError, urllib.error.HTTPError):
+        except OSError:  # URLError and HTTPError are OSErrors
             pass  # not listening yet, or 503 while it joins the group and restores its tables
         if time.monotonic() > deadline:
             raise TimeoutError(f"the worker was not ready after {timeout:.0f}s")

@@ -180,7 +180,7 @@ def format_dead_letter(record: Consumed) -> Text:
         f"{h.get('__connect.errors.topic', '?')}[{h.get('__connect.errors.partition', '?')}]"
         f"@{h.get('__connect.errors.offset', '?')}"
     )
-    line.append(f" from={source} key={(record.key or b'').decode(errors='replace')}")
+    line.append(f" from={source}")  # the DLQ record has no key (README "Topics")
     line.append(f" error={h.get('__connect.errors.exception.message', '')}")
     return line
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import struct
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -203,3 +204,14 @@ def test_missing_file_is_read_as_a_topic_name(monkeypatch: pytest.MonkeyPatch, t
     records, source = report.read_source(str(tmp_path / "scored-events"), "broker:9092")
     assert asked == [("broker:9092", str(tmp_path / "scored-events"))] and records == []
     assert source == f"topic {tmp_path / 'scored-events'} at broker:9092"
+
+
+def test_without_the_report_extra_the_command_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "streams.report_plot", None)  # as if matplotlib were not installed
+    lines = tmp_path / "outputs.jsonl"
+    lines.write_bytes(orjson.dumps(response(0, 0.9)) + b"\n")
+    assert main(["report", "--from", str(lines), "--out", str(tmp_path / "out")]) == 2
+    assert "pip install 'confidence-streams[report]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -227,7 +227,7 @@ def test_dead_letter_line_and_json() -> None:
     make_console("always", file=out).print(format_dead_letter(dead_letter()))
     rendered = out.getvalue()
     assert ANSI.sub("", rendered).rstrip("\n") == (
-        "DLQ reason=invalid_json from=agent-events[2]@17 key=trace-bad error=unexpected end of data"
+        "DLQ reason=invalid_json from=agent-events[2]@17 error=unexpected end of data"
     )
     assert RED in codes_of(rendered, "reason=invalid_json")
     record = orjson.loads(dead_letter_json(dead_letter()))
