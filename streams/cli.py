@@ -97,9 +97,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from streams.tail import run
+    from streams.tail import Source, run
 
-    source = "dlq" if args.dlq else "flagged" if args.flagged else "scored"
+    source: Source = "dlq" if args.dlq else "flagged" if args.flagged else "scored"
     return run(source, limit=args.limit, as_json=args.json, color=args.color)
 
 

@@ -42,8 +42,10 @@ OUTPUT_TYPES = ("RESPONSE_SCORED", "TRACE_SCORED", "CLAIM_SCORED", "SYNTHESIS_SC
 BANDS = ("strong", "adequate", "weak", "failed")
 ACTIONS = ("allow", "flag", "reject")
 # Candidate widths of one flag-rate bucket, in seconds: the smallest giving at most MAX_BUCKETS is used.
-NICE_WIDTHS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
-NICE_WIDTHS += (7200, 21600, 43200, 86400, 7 * 86400)
+NICE_WIDTHS = (
+    *(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30),
+    *(60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400, 7 * 86400),
+)
 MAX_BUCKETS = 30
 
 

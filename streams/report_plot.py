@@ -7,6 +7,7 @@ import io
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from streams.report import BANDS, Summary
 
@@ -46,7 +47,7 @@ def _confidence(ax: Axes, s: Summary) -> None:
     ax.set_ylim(0, tallest * 1.35 + 0.5)  # headroom for the legend
     ax.set_xlabel("confidence")
     ax.set_ylabel("responses")
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     note = f"; {s.confidence_missing} without confidence" if s.confidence_missing else ""
     ax.legend(title=f"model{note}", loc="upper left", fontsize="small")
 
@@ -70,7 +71,7 @@ def _flag_rate(ax: Axes, s: Summary) -> None:
     )
     counts.set_ylabel("outputs per bucket", color="#56647a")
     counts.set_ylim(0, max(totals) * 1.3)  # headroom for the legend, as on the rate axis
-    counts.yaxis.get_major_locator().set_params(integer=True)
+    counts.yaxis.set_major_locator(MaxNLocator(integer=True))
     # The rate line is drawn over the bars: put its axes in front and make it see-through.
     ax.set_zorder(counts.get_zorder() + 1)
     ax.patch.set_visible(False)
@@ -104,7 +105,7 @@ def _bands(ax: Axes, s: Summary) -> None:
     ax.bar_label(bars, padding=2)
     ax.set_ylabel("traces")
     ax.set_ylim(0, max(counts) * 1.2 + 0.5)
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _blocked(ax: Axes, s: Summary) -> None:
@@ -122,7 +123,7 @@ def _blocked(ax: Axes, s: Summary) -> None:
     ax.set_xticks(x, kinds)
     ax.set_ylabel("responses")
     ax.set_ylim(0, max(totals) * 1.25 + 0.5)
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="upper right", fontsize="small")
 
 
