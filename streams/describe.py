@@ -1,6 +1,7 @@
 """`confidence-streams topics describe`: every topic of the service, its offsets and the group's lag.
 
-For each topic (inputs, outputs, DLQ, internal repartition topics, table changelogs): partitions,
+For each topic the service creates (inputs, outputs, DLQ, internal repartition topics, table
+changelogs; not Faust's own `<APP_ID>-__assignor-__leader`, which carries no data): partitions,
 `retention.ms` and `cleanup.policy` (DescribeConfigs), the end offset of each partition (ListOffsets),
 and the consumer group's (`APP_ID`) committed offset and lag per partition. Committed offsets are read
 with a consumer in the group that never joins it and never commits (OffsetFetch through
@@ -20,6 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from rich.table import Table
 
 from streams.config import Settings
+from streams.topics import topic_specs
 
 __all__ = [
     "PartitionState",
@@ -70,15 +72,25 @@ class TopicState:
 
 
 def roles(settings: Settings, changelogs: Iterable[str]) -> list[tuple[str, Role]]:
-    """Every topic of the service with its role, in the order the table shows them."""
-    named: list[tuple[str, Role]] = [(name, "input") for name in settings.input_topic_names]
-    named += [
-        (settings.scored_topic, "scored"),
-        (settings.flagged_topic, "flagged"),
-        (settings.dlq_topic, "dlq"),
-    ]
-    named += [(settings.responses_topic, "repartition"), (settings.claims_topic, "repartition")]
-    named += [(name, "changelog") for name in changelogs]
+    """Every topic the service creates (`topic_specs`, as `topics create` and the worker do), with its role.
+
+    A topic that is neither an input, an output, the DLQ nor a changelog is a repartition topic between
+    stages, whichever stages the service has.
+    """
+    changelogs = list(changelogs)
+    outputs: dict[str, Role] = {
+        settings.scored_topic: "scored",
+        settings.flagged_topic: "flagged",
+        settings.dlq_topic: "dlq",
+    }
+    named: list[tuple[str, Role]] = []
+    for spec in topic_specs(settings, changelogs):
+        if spec.name in settings.input_topic_names:
+            named.append((spec.name, "input"))
+        elif spec.name in changelogs:
+            named.append((spec.name, "changelog"))
+        else:
+            named.append((spec.name, outputs.get(spec.name, "repartition")))
     return named
 
 

@@ -152,7 +152,7 @@ def format_output(event: Mapping[str, object]) -> Text:
     for text, part_style in parts:
         line.append(" ")
         line.append(text, style=part_style)
-    if kind in ("RESPONSE_SCORED", "TRACE_SCORED", "CLAIM_SCORED", "SYNTHESIS_SCORED") and _flagged(event):
+    if _flagged(event):
         line.append(" ")
         line.append("[flagged]", style=FLAGGED_STYLE)
     return line

@@ -96,9 +96,16 @@ def run_outputs() -> list[dict[str, Any]]:
 
 
 def test_summary_counts() -> None:
-    s = summarize([*run_outputs(), {"not": "an output"}, None, [1, 2]], "test")
-    assert s.outputs == 12 and s.skipped == 3
-    assert s.by_type == {"CLAIM_SCORED": 2, "RESPONSE_SCORED": 5, "SYNTHESIS_SCORED": 1, "TRACE_SCORED": 4}
+    later_type = {"event_type": "SOMETHING_NEWER", "scored_at": at(30)}  # counted, not charted
+    s = summarize([*run_outputs(), later_type, {"not": "an output"}, {"event_type": 3}, None, [1, 2]], "test")
+    assert s.outputs == 13 and s.skipped == 4
+    assert s.by_type == {
+        "CLAIM_SCORED": 2,
+        "RESPONSE_SCORED": 5,
+        "SOMETHING_NEWER": 1,
+        "SYNTHESIS_SCORED": 1,
+        "TRACE_SCORED": 4,
+    }
     # flag, reject, blocked, weak (the t-1 output that said so), failed, contradicted claim, warning
     assert s.flagged == 7
     assert s.actions == {"allow": 3, "flag": 1, "reject": 1}
