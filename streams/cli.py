@@ -1,4 +1,4 @@
-"""The `confidence-streams` command: worker, topics create, demo, tail."""
+"""The `confidence-streams` command: worker, topics create|describe, demo, tail, report."""
 
 from __future__ import annotations
 
@@ -58,16 +58,68 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _topics_describe(args: argparse.Namespace) -> int:
+    import orjson
+    from rich.console import Console
+
+    from streams.app import changelog_topics, create_app
+    from streams.config import load_settings
+    from streams.describe import describe_topics, table_of, to_json
+
+    settings = load_settings()
+    states = asyncio.run(describe_topics(settings, changelog_topics(create_app(settings))))
+    if args.json:
+        report = to_json(states, settings.app_id, settings.kafka_bootstrap_servers)
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        Console(soft_wrap=True).print(table_of(states, settings.app_id))
+    return 0
+
+
+def _report_extra_missing() -> bool:
+    """True (after one line on stderr) when the `report` extra (matplotlib) is not installed."""
+    try:
+        import streams.report_plot  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"confidence-streams: {exc.name} is missing for the report; install the extra: "
+            "pip install 'confidence-streams[report]'",
+            file=sys.stderr,
+        )
+        return True
+    return False
+
+
 def _demo(args: argparse.Namespace) -> int:
     from streams.demo_runner import run_demo
 
-    return run_demo(timeout=args.timeout)
+    if args.report is not None and _report_extra_missing():
+        return 2
+    return run_demo(timeout=args.timeout, report_dir=args.report)
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from streams.tail import tail
+    from streams.tail import Source, run
 
-    return asyncio.run(tail(flagged_only=args.flagged, limit=args.limit))
+    source: Source = "dlq" if args.dlq else "flagged" if args.flagged else "scored"
+    return run(source, limit=args.limit, as_json=args.json, color=args.color)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from streams.config import load_settings
+    from streams.report import read_source, write_report
+
+    if _report_extra_missing():
+        return 2
+    settings = load_settings()
+    try:
+        records, source = read_source(args.source, settings.kafka_bootstrap_servers)
+    except (LookupError, TimeoutError) as exc:
+        print(f"confidence-streams report: {exc}", file=sys.stderr)
+        return 1
+    png, html = write_report(records, args.out, source=source, title=args.title)
+    print(f"report: {html} and {png} ({len(records)} records from {source})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,13 +135,39 @@ def main(argv: list[str] | None = None) -> int:
     create.add_argument("--partitions", type=int, default=None, help="override TOPIC_PARTITIONS")
     create.add_argument("--input-retention-ms", type=int, default=None, help="override INPUT_RETENTION_MS")
     create.set_defaults(run=_topics)
+    describe = topics_commands.add_parser(
+        "describe", help="partitions, retention, end offsets, the group's committed offsets and lag"
+    )
+    describe.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    describe.set_defaults(run=_topics_describe)
     demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
     demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
+    demo.add_argument(
+        "--report", metavar="DIR", default=None, help="also write the run's report (HTML + PNG) here"
+    )
     demo.set_defaults(run=_demo)
-    tail = commands.add_parser("tail", help="pretty-print scored (or flagged) events as they arrive")
-    tail.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
+    tail = commands.add_parser("tail", help="one line per scored (or flagged, or dead-lettered) event")
+    which = tail.add_mutually_exclusive_group()
+    which.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
+    which.add_argument("--dlq", action="store_true", help="follow the dead-letter topic instead")
     tail.add_argument("--limit", type=int, default=None, help="stop after this many events")
+    tail.add_argument("--json", action="store_true", help="print each record's value as one JSON line")
+    tail.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="auto: only on a terminal"
+    )
     tail.set_defaults(run=_tail)
+
+    report = commands.add_parser("report", help="HTML page and PNG charts of a run's outputs")
+    report.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="TOPIC|FILE",
+        help="an existing JSON-lines file (e.g. from `tail --json`), - for stdin, else a topic name",
+    )
+    report.add_argument("--out", default="confidence-report", metavar="DIR", help="output directory")
+    report.add_argument("--title", default="confidence report", help="title of the page and the image")
+    report.set_defaults(run=_report)
 
     # `worker` hands the remaining argv to Faust's own command line.
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -100,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker keeps its own log
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices (report)
     return int(args.run(args))
 
 

@@ -1,15 +1,18 @@
-"""`confidence-streams demo`: broker (harness), topics, a worker, demo traffic, a summary table, exit 0."""
+"""`confidence-streams demo`: broker (harness), topics, a worker, demo traffic, progress, a summary, exit 0."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import orjson
 from rich.console import Console
@@ -19,9 +22,10 @@ from streams.config import load_settings
 from streams.demo import DemoTraffic, demo_traffic
 from streams.harness import broker
 from streams.kafka_io import Consumed, WorkerProcess, collect, produce
+from streams.progress import StepProgress
 from streams.topics import create_topics
 
-__all__ = ["run_demo", "worker_env"]
+__all__ = ["expected_outputs", "received_of", "run_demo", "worker_env"]
 
 log = logging.getLogger(__name__)
 
@@ -53,62 +57,120 @@ def worker_env(bootstrap: str, suffix: str, data_dir: str, web_port: int, **extr
     return env
 
 
-def _self_outputs_done(traffic: DemoTraffic, scored: str, dlq: str) -> object:
-    def done(records: list[Consumed]) -> bool:
-        kinds: Counter[str] = Counter()
-        dead = 0
-        for r in records:
-            if r.topic == dlq:
-                dead += 1
-            elif r.topic == scored:
-                kinds[orjson.loads(r.value)["event_type"]] += 1
-        return (
-            dead >= traffic.bad
-            and kinds["RESPONSE_SCORED"] >= traffic.responses
-            and kinds["TRACE_SCORED"] >= traffic.tools
-            and kinds["SYNTHESIS_SCORED"] >= traffic.syntheses
-            and kinds["CLAIM_SCORED"] >= traffic.claims + traffic.claim_rescores
-        )
-
-    return done
+def expected_outputs(traffic: DemoTraffic) -> Counter[str]:
+    """What the demo waits for, by kind (DLQ records under "DLQ"): at least this many of each."""
+    return Counter(
+        {
+            "RESPONSE_SCORED": traffic.responses,
+            "TRACE_SCORED": traffic.tools,
+            "SYNTHESIS_SCORED": traffic.syntheses,
+            "CLAIM_SCORED": traffic.claims + traffic.claim_rescores,
+            "DLQ": traffic.bad,
+        }
+    )
 
 
-def run_demo(timeout: float = 120.0) -> int:
+def received_of(records: list[Consumed], expected: Counter[str], scored: str, dlq: str) -> int:
+    """How many of the expected outputs have arrived (each kind counted up to what is expected)."""
+    kinds: Counter[str] = Counter()
+    for r in records:
+        if r.topic == dlq:
+            kinds["DLQ"] += 1
+        elif r.topic == scored:
+            kinds[orjson.loads(r.value)["event_type"]] += 1
+    return sum(min(kinds[kind], n) for kind, n in expected.items())
+
+
+def _wait_ready(worker: WorkerProcess, web_port: int, timeout: float) -> None:
+    """Until the worker's /readyz answers 200 (partitions assigned, tables recovered)."""
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{web_port}/readyz"
+    while True:
+        if not worker.alive():
+            raise RuntimeError("the worker exited before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:  # URLError and HTTPError are OSErrors
+            pass  # not listening yet, or 503 while it joins the group and restores its tables
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker was not ready after {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
     """Run the whole demo; return the process exit code."""
-    console = Console()
+    console = Console(soft_wrap=True)  # paths and reason lists stay on one line
     traffic = demo_traffic()
-    with broker() as running:
-        console.print(f"[bold]broker[/]: {running.kind} at {running.bootstrap_servers}")
+    expected = expected_outputs(traffic)
+    with StepProgress(console) as progress, contextlib.ExitStack() as stack:
+        progress.begin("broker", "starting the broker")
+        running = stack.enter_context(broker())
+        progress.finish("broker", f"broker up: {running.kind} at {running.bootstrap_servers}")
         # A private suffix keeps a shared cluster's existing topics and groups out of the demo.
         suffix = "" if running.is_tansu else f"-demo-{uuid.uuid4().hex[:8]}"
         data_dir = tempfile.mkdtemp(prefix="confidence-demo-")
         web_port = _free_port()
         env = worker_env(running.bootstrap_servers, suffix, data_dir, web_port)
         settings = load_settings(**{k.lower(): v for k, v in env.items()})
-        asyncio.run(create_topics(settings))
+        progress.begin("topics", "creating topics")
+        created = asyncio.run(create_topics(settings))
+        progress.finish("topics", f"topics ready ({len(created)} created)")
         log_path = os.path.join(data_dir, "worker.log")
         started = time.monotonic()
-        with WorkerProcess(env, log_path):
-            console.print(f"worker started (web on 127.0.0.1:{web_port}, log {log_path})")
-            sent = asyncio.run(
-                produce(running.bootstrap_servers, settings.input_topic_names[0], traffic.records)
-            )
-            console.print(f"produced {sent} events ({traffic.bad} deliberately bad)")
-            topics = [settings.scored_topic, settings.flagged_topic, settings.dlq_topic]
-            try:
-                records = asyncio.run(
-                    collect(
-                        running.bootstrap_servers,
-                        topics,
-                        _self_outputs_done(traffic, settings.scored_topic, settings.dlq_topic),  # type: ignore[arg-type]
-                        timeout,
-                    )
-                )
-            except TimeoutError as exc:
-                console.print(f"[red]demo failed[/]: {exc}; see {log_path}")
-                return 1
+        worker = stack.enter_context(WorkerProcess(env, log_path))
+        progress.begin("worker", f"starting the worker (web 127.0.0.1:{web_port}, log {log_path})")
+        try:
+            _wait_ready(worker, web_port, timeout)
+        except (RuntimeError, TimeoutError) as exc:
+            progress.finish("worker", "worker not ready")
+            console.print(f"[red]demo failed[/]: {exc}; see {log_path}")
+            return 1
+        progress.finish("worker", "worker ready")
+        progress.begin("sent", "events sent", total=len(traffic.records))
+
+        def counted() -> Iterator[tuple[bytes, bytes]]:
+            for n, record in enumerate(traffic.records, start=1):
+                yield record
+                progress.update("sent", n)
+
+        input_topic = settings.input_topic_names[0]
+        asyncio.run(produce(running.bootstrap_servers, input_topic, counted()))
+        progress.finish("sent")
+        total = sum(expected.values())
+        progress.begin("received", "outputs received", total=total)
+
+        def done(records: list[Consumed]) -> bool:
+            received = received_of(records, expected, settings.scored_topic, settings.dlq_topic)
+            progress.update("received", received)
+            return received >= total
+
+        topics = [settings.scored_topic, settings.flagged_topic, settings.dlq_topic]
+        try:
+            records = asyncio.run(collect(running.bootstrap_servers, topics, done, timeout))
+        except TimeoutError as exc:
+            progress.finish("received", "outputs received (incomplete)")
+            console.print(f"[red]demo failed[/]: {exc}; see {log_path}")
+            return 1
+        progress.finish("received", "outputs received")
         elapsed = time.monotonic() - started
+        progress.begin("stop", "stopping the worker and the broker")
+        stack.close()
+        progress.finish("stop", "worker and broker stopped")
     _summary(console, records, settings.scored_topic, settings.flagged_topic, settings.dlq_topic, elapsed)
+    if report_dir is not None:
+        from streams.report import write_report
+
+        values = [r.value for r in records if r.topic == settings.scored_topic]
+        png, html = write_report(
+            [orjson.loads(v) for v in values], report_dir, source="demo run", title="confidence-streams demo"
+        )
+        # The outputs too, as `tail --json` writes them: `report --from` can redraw them.
+        lines = os.path.join(report_dir, "outputs.jsonl")
+        with open(lines, "wb") as handle:
+            handle.writelines(v + b"\n" for v in values)
+        console.print(f"report: {html}, {png}; outputs: {lines}")
     return 0
 
 

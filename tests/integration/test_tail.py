@@ -1,4 +1,4 @@
-"""`confidence-streams tail` follows the scored and flagged topics of a running worker."""
+"""`confidence-streams tail` follows the scored, flagged and DLQ topics of a running worker."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 
+import orjson
+
 from streams.harness import RunningBroker
-from tests.integration.fixtures import EventFactory, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy
 
 
 def _start_tail(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "tail", *args],
-        env={**os.environ, **env, "COLUMNS": "200"},
+        # COLUMNS is narrow on purpose: a line must never wrap; no FORCE_COLOR, so auto means no colour.
+        env={k: v for k, v in os.environ.items() if k != "FORCE_COLOR"} | env | {"COLUMNS": "60"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -43,5 +46,43 @@ def test_tail_prints_scored_and_flagged_events(kafka: RunningBroker) -> None:
         d.stop()
     for process, out in ((scored, scored_out), (flagged, flagged_out)):
         assert process.returncode == 0
+        assert out.count("\n") == 1, out  # one line, however narrow the terminal
         assert "RESPONSE_SCORED trace=tail-1 tenant=tail confidence=0.223 action=flag" in out
+        assert out.rstrip("\n").endswith("flags=LOW_CONFIDENCE,COMPOSITE_BLOCKED [flagged]")
+        assert "\x1b" not in out  # stdout is a pipe: no colour codes
     assert "-1.5" not in scored_out + flagged_out
+
+
+def test_tail_json_lines_are_the_values_on_the_topic(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=2)
+    d.start_worker()
+    f = EventFactory(tenant="tail-json")
+    # One output each: a response, two tool invocations of one trace, a claim with no relationships.
+    events = [
+        f.response("tj-1", token_logprobs=[-0.05, -0.1, None]),
+        f.tool("tj-2", "find", "Parser", result_count=2),
+        f.tool("tj-2", "read", "src/Parser.py", minutes=1),
+        f.claim("tj-3", "c-json"),
+    ]
+    tail = _start_tail(d.env, "--json", "--limit", str(len(events)))
+    dlq = _start_tail(d.env, "--dlq", "--json", "--limit", "1")
+    try:
+        d.produce([*events, b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.1'])
+        out, _ = tail.communicate(timeout=90)
+        dlq_out, _ = dlq.communicate(timeout=90)
+        records = d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic))
+    finally:
+        for process in (tail, dlq):
+            if process.poll() is None:
+                process.kill()
+        d.stop()
+    assert tail.returncode == 0 and dlq.returncode == 0
+    lines = out.splitlines()
+    assert len(lines) == len(events)
+    printed = sorted((orjson.loads(line) for line in lines), key=lambda o: o["event_id"])
+    on_topic = sorted(d.outputs(records), key=lambda o: o["event_id"])
+    assert printed == on_topic
+    assert {o["source_event_id"] for o in printed} == {e["event_id"] for e in events}
+    dead = orjson.loads(dlq_out)
+    assert dead["headers"]["__connect.errors.reason"] == "invalid_json"
+    assert dead["topic"] == d.settings.dlq_topic

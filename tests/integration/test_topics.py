@@ -1,16 +1,28 @@
-"""`confidence-streams topics create` against the broker: every topic, partitions, input retention."""
+"""`confidence-streams topics create|describe` against the broker: topics, partitions, retention, offsets, lag."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
+import orjson
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from streams.app import changelog_topics, create_app
+from streams.config import Settings
+from streams.demo import encode
+from streams.describe import TopicState, describe_topics
 from streams.harness import RunningBroker
+from tests.integration.fixtures import EventFactory, deploy
 
 
 async def _describe(bootstrap: str, topic: str) -> tuple[int, dict[str, str]]:
@@ -78,3 +90,129 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         check=False,
     )
     assert again.returncode == 0 and "nothing (all topics existed)" in again.stdout
+
+
+async def _produce_one_by_one(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> Counter[int]:
+    """Each record in its own batch (send and wait): records per partition.
+
+    One record per batch keeps the embedded broker's ListOffsets exact (DESIGN 7: after a multi-record
+    batch it reports the last batch's base offset + 1), so end offsets can be compared on every broker.
+    """
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    per_partition: Counter[int] = Counter()
+    try:
+        for event in events:
+            meta = await producer.send_and_wait(topic, encode(event), key=str(event["trace_id"]).encode())
+            per_partition[meta.partition] += 1
+    finally:
+        await producer.stop()
+    return per_partition
+
+
+def _describe_until(
+    settings: Settings, done: Callable[[dict[str, TopicState]], bool]
+) -> dict[str, TopicState]:
+    deadline = time.monotonic() + 90
+    while True:
+        states = {s.topic: s for s in asyncio.run(describe_topics(settings, _changelogs(settings)))}
+        if done(states):
+            return states
+        assert time.monotonic() < deadline, f"describe never satisfied the condition: {states}"
+        time.sleep(0.5)
+
+
+def _changelogs(settings: Settings) -> list[str]:
+    """The worker's table changelogs, named by its Faust app (deploy() sets WEB_PORT=0, which Faust
+    refuses; naming topics binds no port)."""
+    return changelog_topics(create_app(settings.model_copy(update={"web_port": 6066})))
+
+
+async def _topics_on_broker(bootstrap: str, suffix: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {name for name in await admin.list_topics() if suffix in name}
+    finally:
+        await admin.close()
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "topics", "describe", *args],
+        env={**os.environ, **env, "COLUMNS": "200", "WEB_PORT": "6066"},  # validated, never bound
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_topics_describe_after_a_worker_processed_events(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=2)
+    s = d.settings
+    d.start_worker()
+    f = EventFactory(tenant="describe")
+    events = [
+        f.response(f"dt-{i}", token_logprobs=[-0.1, -0.2])
+        if i % 3 == 0
+        else f.tool(f"dt-{i}", "find", "Parser", result_count=1)
+        if i % 3 == 1
+        else f.claim(f"dt-{i}", f"c-{i}")
+        for i in range(9)
+    ]
+    try:
+        produced = asyncio.run(_produce_one_by_one(kafka.bootstrap_servers, s.input_topic_names[0], events))
+        records = d.collect(lambda rs: len(d.outputs(rs)) >= len(events))
+        outputs = d.outputs(records)
+        # Processed means committed: wait until the group's committed offsets reach the input's end.
+        states = _describe_until(s, lambda st: st[s.input_topic_names[0]].lag_total == 0)
+        table = _cli(d.env)
+        as_json = orjson.loads(_cli(d.env, "--json"))
+        on_broker = asyncio.run(_topics_on_broker(kafka.bootstrap_servers, d.suffix))
+    finally:
+        d.stop()
+
+    # Every topic of this deployment on the broker, but Faust's own leader-election topic (no data).
+    on_broker.discard(f"{s.app_id}-__assignor-__leader")
+    fixed = {s.input_topic_names[0]: "input", s.scored_topic: "scored", s.flagged_topic: "flagged"}
+    fixed[s.dlq_topic] = "dlq"
+    changelogs = _changelogs(s)
+    expected_roles = {
+        name: fixed.get(name, "changelog" if name in changelogs else "repartition") for name in on_broker
+    }
+    assert {name: state.role for name, state in states.items()} == expected_roles
+    assert {s.responses_topic, s.claims_topic} <= {n for n, r in expected_roles.items() if r == "repartition"}
+    assert len(changelogs) >= 3 and set(changelogs) <= on_broker
+    for state in states.values():
+        assert state.exists and [p.partition for p in state.partitions] == [0, 1]
+    inputs = states[s.input_topic_names[0]]
+    assert inputs.retention_ms == s.input_retention_ms
+    assert {p.partition: p.end_offset for p in inputs.partitions} == {p: produced[p] for p in (0, 1)}
+    assert [(p.committed, p.lag) for p in inputs.partitions] == [(produced[0], 0), (produced[1], 0)]
+    for name in _changelogs(s):
+        assert states[name].cleanup_policy == "compact"
+        assert all(p.lag is None for p in states[name].partitions)  # the group never commits changelogs
+    for name, role in expected_roles.items():  # repartition topics are the group's: lag counted
+        if role == "repartition":
+            assert all(p.lag is not None for p in states[name].partitions)
+    scored_total = states[s.scored_topic].end_offsets_total
+    if kafka.is_tansu:
+        # The worker's producer sends multi-record batches, after which the embedded broker's ListOffsets
+        # stops at the last batch's base offset + 1 (DESIGN 7): the end offsets may fall short.
+        assert 0 < scored_total <= len(outputs)
+    else:
+        assert scored_total == len(outputs)
+
+    # The command line shows the same: one JSON object, and a table naming every topic.
+    by_topic = {t["topic"]: t for t in as_json["topics"]}
+    assert as_json["group"] == s.app_id and set(by_topic) == set(expected_roles)
+    assert by_topic[inputs.topic]["partitions"] == [
+        {"partition": p, "end_offset": produced[p], "committed": produced[p], "lag": 0} for p in (0, 1)
+    ]
+    assert by_topic[inputs.topic]["retention_ms"] == s.input_retention_ms
+    for name in expected_roles:
+        assert name in table
+    assert "1h" in table and "compact" in table  # the input's retention, the changelogs' policy
