@@ -45,6 +45,8 @@ class DemoTraffic:
     claim_rescores: int = 0  # CLAIM_SCORED outputs caused by another claim's arrival (at least)
     syntheses: int = 0
     bad: int = 0
+    # OUTCOME events per tenant that judge a response (the calibration view waits for them).
+    response_outcomes: dict[str, int] = field(default_factory=dict)
 
 
 class _Builder:
@@ -75,6 +77,37 @@ class _Builder:
         values: list[float | None] = [min(0.0, self.rng.gauss(mean, 0.05)) for _ in range(n)]
         values[3] = None  # providers sometimes drop a token's logprob
         return values
+
+
+def _outcomes(b: _Builder, minute: float) -> None:
+    """Feedback on what was scored: the calibration join (README "Calibration").
+
+    Each response is judged: confident ones (logprob mean -0.05, confidence about 0.95) turn out right
+    80 % of the time and hesitant ones 30 %, so the groups are over-confident by about 0.15. One verdict
+    judges the investigation trace's evidence and one a claim.
+    """
+    responses = [orjson.loads(raw) for _, raw in b.traffic.records if b'"event_type":"LLM_RESPONSE"' in raw]
+    for response in responses:
+        minute += 0.1
+        event = b.common("OUTCOME", response["tenant_id"], response["trace_id"], "", "", minute)
+        del event["agent_name"], event["agent_type"]  # a verdict names no agent
+        logprobs = [v for v in response["token_logprobs"] if v is not None]
+        confident = sum(logprobs) / len(logprobs) > -0.5
+        event.update(
+            subject_event_id=response["event_id"],
+            correct=b.rng.random() < (0.8 if confident else 0.3),
+            source="judge",
+        )
+        b.add(event)
+        tenant = response["tenant_id"]
+        b.traffic.response_outcomes[tenant] = b.traffic.response_outcomes.get(tenant, 0) + 1
+    for extra in ({"correct": True}, {"claim_id": "c-nil-2", "correct": False}):
+        minute += 0.1
+        trace = "trace-investigation" if "claim_id" not in extra else "trace-synth"
+        event = b.common("OUTCOME", "acme", trace, "", "", minute)
+        del event["agent_name"], event["agent_type"]
+        event.update(source="human", **extra)
+        b.add(event)
 
 
 def demo_traffic(seed: int = 7) -> DemoTraffic:
@@ -208,6 +241,7 @@ def demo_traffic(seed: int = 7) -> DemoTraffic:
     b.add(event)
     t.responses += 1
     t.syntheses += 1
+    _outcomes(b, minute)
     # Bad records: each must land in the DLQ without stopping anything.
     bad_event = b.common("LLM_RESPONSE", "acme", "trace-bad", "planner-1", "planner", minute)
     bad_records = [

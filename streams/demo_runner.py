@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 from rich.console import Console
@@ -112,7 +113,8 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
         suffix = "" if running.is_tansu else f"-demo-{uuid.uuid4().hex[:8]}"
         data_dir = tempfile.mkdtemp(prefix="confidence-demo-")
         web_port = _free_port()
-        env = worker_env(running.bootstrap_servers, suffix, data_dir, web_port)
+        # Few outcomes in a demo: report calibration from 5 of them (default 20).
+        env = worker_env(running.bootstrap_servers, suffix, data_dir, web_port, CALIBRATION_MIN_SAMPLES="5")
         settings = load_settings(**{k.lower(): v for k, v in env.items()})
         progress.begin("topics", "creating topics")
         created = asyncio.run(create_topics(settings))
@@ -154,11 +156,20 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
             console.print(f"[red]demo failed[/]: {exc}; see {log_path}")
             return 1
         progress.finish("received", "outputs received")
+        progress.begin("calibration", "outcomes joined", total=sum(traffic.response_outcomes.values()))
+        try:
+            calibration = _calibration_views(web_port, traffic.response_outcomes, timeout, progress)
+        except TimeoutError as exc:
+            progress.finish("calibration", "outcomes joined (incomplete)")
+            console.print(f"[red]demo failed[/]: {exc}; see {log_path}")
+            return 1
+        progress.finish("calibration", "outcomes joined")
         elapsed = time.monotonic() - started
         progress.begin("stop", "stopping the worker and the broker")
         stack.close()
         progress.finish("stop", "worker and broker stopped")
     _summary(console, records, settings.scored_topic, settings.flagged_topic, settings.dlq_topic, elapsed)
+    _calibration_summary(console, calibration)
     if report_dir is not None:
         from streams.report import write_report
 
@@ -172,6 +183,57 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
             handle.writelines(v + b"\n" for v in values)
         console.print(f"report: {html}, {png}; outputs: {lines}")
     return 0
+
+
+def _calibration_views(
+    web_port: int, outcomes: dict[str, int], timeout: float, progress: StepProgress
+) -> dict[str, dict[str, Any]]:
+    """Poll each tenant's /calibration view until every response outcome is counted; return them."""
+    deadline = time.monotonic() + timeout
+    views: dict[str, dict[str, Any]] = {}
+    while True:
+        joined = 0
+        for tenant, expected in outcomes.items():
+            url = f"http://127.0.0.1:{web_port}/calibration/{tenant}?kind=composite"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    body = orjson.loads(response.read())
+            except OSError:  # 404 until the first outcome of the tenant is joined
+                continue
+            counted = sum(g["samples"] for g in body["groups"] if g["dimension"] == "model")
+            joined += min(counted, expected)
+            if counted >= expected:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/calibration/{tenant}") as response:
+                    views[tenant] = orjson.loads(response.read())
+        progress.update("calibration", joined)
+        if len(views) == len(outcomes):
+            return views
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"outcomes joined: {joined} of {sum(outcomes.values())}")
+        time.sleep(0.2)
+
+
+def _calibration_summary(console: Console, views: dict[str, dict[str, Any]]) -> None:
+    """Per model: response confidence and composite; per agent type: evidence and claim scores."""
+    table = Table(title="calibration: /calibration/{tenant} (advice for precision 0.9)")
+    for column in ("tenant", "group", "kind", "n", "ECE", "Brier", "advice"):
+        table.add_column(column, justify="left" if column in ("tenant", "group", "kind") else "right")
+    for tenant, body in sorted(views.items()):
+        for g in body["groups"]:
+            if (g["dimension"] == "model") != (g["kind"] in ("response", "composite")):
+                continue
+            advice = g["advice"]
+            threshold = "none" if advice["threshold"] is None else f">= {advice['threshold']:.2f}"
+            table.add_row(
+                tenant,
+                g["value"],
+                g["kind"],
+                str(g["samples"]),
+                f"{g['ece']:.3f}",
+                f"{g['brier']:.3f}",
+                threshold,
+            )
+    console.print(table)
 
 
 def _summary(
@@ -224,6 +286,10 @@ def _describe(output: dict[str, object]) -> tuple[str, str]:
         )
     if kind == "TRACE_SCORED":
         return f"{output['score']:.3f}", str(output["band"])
+    if kind == "CALIBRATION_UPDATED":
+        group = output["group"]
+        assert isinstance(group, dict)
+        return f"ECE {output['ece']:.3f}", f"{group['dimension']}={group['value']} {group['kind']}"
     if kind == "CLAIM_SCORED":
         interval = output["interval"]
         assert isinstance(interval, dict)

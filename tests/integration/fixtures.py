@@ -155,6 +155,21 @@ class EventFactory:
         event.update(fields)
         return event
 
+    def outcome(self, trace: str, minutes: float = 0, **fields: Any) -> dict[str, Any]:
+        """An OUTCOME (no agent fields: a verdict comes from a human, a test, CI or a judge)."""
+        self.n += 1
+        event = {
+            "event_id": f"{self.run}-o{self.n}",
+            "event_type": "OUTCOME",
+            "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
+            "tenant_id": self.tenant,
+            "trace_id": trace,
+            "schema_version": 1,
+            "source": "test",
+        }
+        event.update(fields)
+        return event
+
 
 def count_of(
     kind: str, n: int, topic: str, source_ids: set[str] | None = None

@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -24,26 +23,10 @@ import pytest
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
 from streams.scoring import calibration
-from tests.integration.fixtures import STRONG_COMPOSITE, T0, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
 from tests.integration.test_metrics_values import _scrape
 
 N = 500  # responses per model
-
-
-def outcome(
-    f: EventFactory, trace: str, minutes: float, *, event_id: str | None = None, **fields: Any
-) -> dict[str, Any]:
-    f.n += 1
-    return {
-        "event_id": event_id or f"{f.run}-o{f.n}",
-        "event_type": "OUTCOME",
-        "timestamp": (T0 + timedelta(minutes=minutes)).isoformat(),
-        "tenant_id": f.tenant,
-        "trace_id": trace,
-        "schema_version": 1,
-        "source": "test",
-        **fields,
-    }
 
 
 def view(d: Deployment, path: str) -> tuple[int, dict[str, Any]]:
@@ -115,9 +98,7 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             response = f.response(
                 trace, minutes, model=model, token_logprobs=[math.log(p)], **STRONG_COMPOSITE
             )
-            verdict = outcome(
-                f, trace, minutes + 0.01, subject_event_id=response["event_id"], correct=correct
-            )
+            verdict = f.outcome(trace, minutes + 0.01, subject_event_id=response["event_id"], correct=correct)
             # Every tenth outcome is produced before its response: it must wait for the score.
             events.extend([verdict, response] if i % 10 == 0 else [response, verdict])
             pairs[model].append((p, 1.0 if correct else 0.0))
@@ -125,7 +106,7 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
     # Re-delivered outcome (same event id): counted once.
     duplicate = next(e for e in events if e["event_type"] == "OUTCOME")
     # Outcomes for subjects nobody scored: wait, then count as unmatched once event time moves on.
-    unknown = [outcome(f, "calibrated-0", 5, subject_event_id=f"never-{i}", correct=True) for i in range(3)]
+    unknown = [f.outcome("calibrated-0", 5, subject_event_id=f"never-{i}", correct=True) for i in range(3)]
     d.start_worker()
     try:
         d.produce([*events, duplicate, *unknown])
@@ -194,7 +175,7 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             late.extend(
                 [
                     response,
-                    outcome(f, trace, 180 + i * 0.1, subject_event_id=response["event_id"], correct=True),
+                    f.outcome(trace, 180 + i * 0.1, subject_event_id=response["event_id"], correct=True),
                 ]
             )
             late_pairs.append((0.7, 1.0))
@@ -210,14 +191,14 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
         # An outcome for a first-phase response arrives after its score expired: unmatched too, once
         # event time (of responses and outcomes of another model) passes its wait.
         first = responses_by_model["calibrated"][1]
-        d.produce([outcome(f, "calibrated-1", 181, subject_event_id=first, correct=True)])
+        d.produce([f.outcome("calibrated-1", 181, subject_event_id=first, correct=True)])
         other: list[dict[str, Any]] = []
         for i in range(40):
             response = f.response(f"calibrated-{i}", 290, model="other", token_logprobs=[-0.1])
             other.extend(
                 [
                     response,
-                    outcome(f, f"calibrated-{i}", 290, subject_event_id=response["event_id"], correct=True),
+                    f.outcome(f"calibrated-{i}", 290, subject_event_id=response["event_id"], correct=True),
                 ]
             )
         d.produce(other)
@@ -257,11 +238,11 @@ def test_bad_outcomes_go_to_the_dead_letter_topic(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=1)
     f = EventFactory(tenant="cal-bad")
     bad = [
-        outcome(f, "t", 0, subject_event_id="e", correct=True, score=0.5),  # two verdicts
-        outcome(f, "t", 0, subject_event_id="e", claim_id="c", correct=True),  # two subjects
-        outcome(f, "t", 0, subject_event_id="e"),  # no verdict
-        outcome(f, "t", 0, subject_event_id="e", score=1.5),  # out of range
-        {k: v for k, v in outcome(f, "t", 0, correct=True).items() if k != "source"},  # missing source
+        f.outcome("t", 0, subject_event_id="e", correct=True, score=0.5),  # two verdicts
+        f.outcome("t", 0, subject_event_id="e", claim_id="c", correct=True),  # two subjects
+        f.outcome("t", 0, subject_event_id="e"),  # no verdict
+        f.outcome("t", 0, subject_event_id="e", score=1.5),  # out of range
+        {k: v for k, v in f.outcome("t", 0, correct=True).items() if k != "source"},  # missing source
     ]
     d.start_worker()
     try:

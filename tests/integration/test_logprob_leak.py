@@ -204,6 +204,9 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         ),
         f.response("lk-syn", 13, role="synthesis", response="Combined.", token_logprobs=[l0, l4]),
     ]
+    # An OUTCOME for a response: its score reaches the calibration topic and tables (audited below).
+    judged = next(e for e in valid if e["event_type"] == "LLM_RESPONSE")
+    valid.append(f.outcome(judged["trace_id"], 14, subject_event_id=judged["event_id"], correct=True))
     base = f.response("lk-bad", 14, token_logprobs=[l0])
     bad: list[bytes] = [
         # Not JSON: cut off inside the logprobs array.
@@ -256,7 +259,7 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         paths += [f"/claims/leak/{c}" for c in ("k1", "k2", "k3", "k4", "no-such-claim")]
         paths += ["/claims/leak/k1?min_lower=0.1&min_width=0.05&min_upper=0.2&max_lower=0.99"]
         paths += [f"/agents/leak/{a}" for a in ("planner-1", "clerk-1", "no-such-agent")]
-        paths += ["/agents/leak/planner-1?hours=24"]
+        paths += ["/agents/leak/planner-1?hours=24", "/calibration/leak", "/calibration/leak?kind=response"]
         views = {path: _get(port, path) for path in paths}
     finally:
         # SIGTERM: Faust flushes the producer (changelogs included) before it exits.

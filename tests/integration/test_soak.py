@@ -127,6 +127,8 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # that within the run too, or every agent's history grows for the whole soak.
         HISTORY_WINDOW_HOURS=f"{ttl_hours:.6f}",
         HISTORY_RETENTION_HOURS=f"{2 * ttl_hours:.6f}",
+        # Scores wait for outcomes CALIBRATION_JOIN_WINDOW_HOURS of event time (7 days by default).
+        CALIBRATION_JOIN_WINDOW_HOURS=f"{ttl_hours:.6f}",
         SWEEP_INTERVAL_SECONDS="0.5",
         # Synthetic event times run days past the wall clock: let the expiry clock follow them.
         EVENT_TIME_MAX_AHEAD_HOURS="1000000",
@@ -243,6 +245,12 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
     assert max(p.keys["claims"] for p in last_quarter) <= max(claim_bound, 2 * traces / 4), last_quarter
     assert after_run.keys["claims"] <= claim_bound, (claim_bound, after_run)
     assert max(p.keys["agent-history"] for p in run_points) <= TENANTS * AGENTS_PER_TENANT
+    # Scores kept for the outcome join: at most one per input event of the join window (one TTL), with
+    # the same watermark skew as the claims.
+    subject_bound = 2 * (ttl_events + BLOCK * EVENTS_PER_TRACE)
+    subjects = [p.keys["calibration-subjects"] for p in last_quarter]
+    assert max(subjects) <= max(subject_bound, events / 4), (subject_bound, subjects)
+    assert after_run.keys["calibration-subjects"] <= subject_bound, (subject_bound, after_run)
     # Sweeps really remove keys: the trace count falls between some consecutive samples during the run.
     assert any(b.keys["traces"] < a.keys["traces"] for a, b in itertools.pairwise(run_points))
     assert after_run.keys["traces"] <= trace_bound
