@@ -472,6 +472,32 @@ def scrape(port: int) -> dict[str, float]:
     return dict(values)
 
 
+def batch_steps(port: int) -> str:
+    """Mean time per batch of each agent's steps (`confidence_batch_seconds`), since the worker started."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    sums: Counter[tuple[str, str]] = Counter()
+    counts: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.labels.get("agent", ""), sample.labels.get("phase", ""))
+            if sample.name == "confidence_batch_seconds_sum":
+                sums[key] += sample.value
+            elif sample.name == "confidence_batch_seconds_count":
+                counts[key] += sample.value
+    agents = sorted({agent for agent, _ in counts})
+    return "; ".join(
+        f"{agent} ({counts[(agent, 'process')]:.0f} batches) "
+        + " ".join(
+            f"{phase} {1000 * sums[(agent, phase)] / max(1, counts[(agent, phase)]):.1f}"
+            for phase in ("process", "outputs", "state")
+        )
+        for agent in agents
+    )
+
+
 # --- 1. throughput -----------------------------------------------------------------------------------
 
 
@@ -555,6 +581,8 @@ async def latency_run(kind: str, bootstrap: str, rate: float, seconds: float, fe
             follow(bootstrap, deployment.follow_topics, tracker, RUN_TIMEOUT),
         )
         await sampler.stop()
+        if kind == "pipeline":
+            console.print(f"  batch steps at {rate:.0f}/s (mean ms per batch): {batch_steps(proc.web_port)}")
     except TimeoutError as exc:
         raise RuntimeError(f"{kind} latency: {exc}; log {proc.log_path}:\n{proc.log_tail()}") from exc
     finally:

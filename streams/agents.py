@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import faust
 from pydantic import BaseModel
 
-from streams.app import AckedTable, Service
+from streams.app import AckedTable, Service, publish
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
@@ -156,13 +157,23 @@ class BatchRunner:
         write: Callable[[bytes, Any], None],
     ) -> None:
         batch = self.svc.faults.next_batch(self.agent)
+        m = self.svc.metrics
+        started = time.perf_counter()
         outputs, states = process(_records(events))
+        processed = time.perf_counter()
         self._inject("send", batch)
         await self._acknowledged([await self._send(record) for record in outputs])
+        sent = time.perf_counter()
         for key, state in states.items():
             write(key, state)
             self._inject("table", batch)
-        await self._acknowledged([w for table in self.tables for w in table.take_pending_writes()])
+        # Taken from every table before the first await, so a sweep cannot take (and not wait for) them.
+        changelog = [record for table in self.tables for record in table.take_changelog()]
+        await self._acknowledged(await publish(changelog))
+        stored = time.perf_counter()
+        m.child(m.batch_seconds, self.agent, "process").observe(processed - started)
+        m.child(m.batch_seconds, self.agent, "outputs").observe(sent - processed)
+        m.child(m.batch_seconds, self.agent, "state").observe(stored - sent)
 
     async def _send(self, record: Record) -> Awaitable[Any]:
         producer = self.svc.app.producer
@@ -268,12 +279,15 @@ def attach_agents(svc: Service) -> None:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
             )
-        # Sweep deletions are not tied to an input offset; collect their futures so they don't pile up.
-        svc.traces.take_pending_writes()
-        svc.claims.take_pending_writes()
-        svc.calibration_subjects.take_pending_writes()
-        svc.calibration_groups.take_pending_writes()
-        svc.calibration_hours.take_pending_writes()
+        # Sweep deletions are not tied to an input offset: published, not waited for.
+        for table in (
+            svc.traces,
+            svc.claims,
+            svc.calibration_subjects,
+            svc.calibration_groups,
+            svc.calibration_hours,
+        ):
+            await publish(table.take_changelog())
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from faust.types import FutureMessage
 from prometheus_client import CollectorRegistry
 
 from streams import metrics as metrics_module
@@ -17,29 +18,52 @@ from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, TraceStage
 from streams.transport import FetchWaitApp
 
-__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
+__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app", "publish"]
 
 
 class AckedTable(faust.Table):  # type: ignore[misc]
-    """A table that hands out its changelog writes, so an agent can wait until the broker has them.
+    """A table whose changelog records the agent publishes itself, and waits for the broker to have.
 
-    Faust sends changelog records in the background; an offset must not be committed before the state
-    change it caused is stored (at-least-once), so agents await `take_pending_writes()`.
+    An offset must not be committed before the state change it caused is stored (at-least-once), so
+    the agents await `publish_changelog()`. Faust's own path (`send_soon` into its producer buffer,
+    drained by a background task) cost 12-50 ms per batch at 400 events/s; publishing directly, as the
+    outputs are, makes the state step as fast as the output step.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._pending_writes: list[asyncio.Future[Any]] = []
+        self._unsent: list[FutureMessage] = []
 
-    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
-        future = super().send_changelog(*args, **kwargs)
-        self._pending_writes.append(future)
+    def send_changelog(
+        self,
+        partition: int | None,
+        key: Any,
+        value: Any,
+        key_serializer: Any = None,
+        value_serializer: Any = None,
+    ) -> FutureMessage:
+        # As Faust's, minus the buffer: the partition is fixed now (on_key_set needs it).
+        future: FutureMessage = self.changelog_topic.as_future_message(
+            key=key,
+            value=value,
+            partition=partition,
+            key_serializer=key_serializer or self.key_serializer,
+            value_serializer=value_serializer or self.value_serializer,
+            callback=self._on_changelog_sent,
+            eager_partitioning=True,
+        )
+        self._unsent.append(future)
         return future
 
-    def take_pending_writes(self) -> list[asyncio.Future[Any]]:
-        """The changelog writes since the last call (each resolves when the broker acknowledged it)."""
-        pending, self._pending_writes = self._pending_writes, []
-        return pending
+    def take_changelog(self) -> list[FutureMessage]:
+        """The changelog records written since the last call, not sent yet (see `publish`)."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
+
+
+async def publish(records: list[FutureMessage]) -> list[asyncio.Future[Any]]:
+    """Send changelog records taken from tables; each returned future resolves on the broker's ack."""
+    return [await record.message.channel.publish_message(record, wait=False) for record in records]
 
 
 class SourcePartitionedTable(AckedTable):

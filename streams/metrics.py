@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["LabelCap", "Metrics", "create"]
+__all__ = ["ChildCache", "LabelCap", "Metrics", "create"]
 
 OTHER = "other"
 _UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -30,6 +30,21 @@ class LabelCap:
             return OTHER
         seen.add(value)
         return value
+
+
+class ChildCache:
+    """`metric.labels(*values)` remembered: prometheus_client validates and locks on every call, and the
+    stages ask for the same few children for every event. Bounded, since label values are capped."""
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
 
 class Metrics(NamedTuple):
@@ -57,7 +72,9 @@ class Metrics(NamedTuple):
     outcomes_unmatched: Counter
     response_actions: Counter
     consumer_lag: Gauge
+    batch_seconds: Histogram
     labels: LabelCap
+    child: ChildCache
 
 
 def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
@@ -176,7 +193,8 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         ),
         outcomes=Counter(
             "confidence_outcomes",
-            "OUTCOME events by what happened to them: matched, waiting (score not seen yet), duplicate",
+            "OUTCOME events by what happened to them: matched, waiting (score not seen yet), duplicate, "
+            "disabled (CALIBRATION_ENABLED=false)",
             ("status",),
             registry=registry,
         ),
@@ -197,5 +215,14 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
             ("topic", "partition"),
             registry=registry,
         ),
+        batch_seconds=Histogram(
+            "confidence_batch_seconds",
+            "Time of each step of an agent's batch: process (stage code), outputs (send and broker acks), "
+            "state (table writes and changelog acks)",
+            ("agent", "phase"),
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        ),
         labels=LabelCap(label_cap),
+        child=ChildCache(),
     )

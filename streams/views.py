@@ -300,7 +300,7 @@ def calibration_summary(svc: Service, group: GroupCalibration, target_precision:
         "brier": calibration.brier(histogram),
         "bins": [b.model_dump(mode="json") for b in calibration.reliability(histogram)],
         "accuracy_by_action": {
-            action: {"count": stats.count, "observed_accuracy": stats.observed_accuracy}
+            action: {"count": stats.n, "observed_accuracy": stats.observed_accuracy}
             for action, stats in sorted(group.actions.items())
         },
         "advice": {**advice.model_dump(mode="json"), "setting": setting},

@@ -51,14 +51,14 @@ _FINE_EDGES = tuple(i / FINE_BINS for i in range(1, FINE_BINS))
 class BinStats(NamedTuple):
     """Sums over the predictions that fell in one bin (a tuple: stored as a JSON array, cheap to add)."""
 
-    count: int = 0
+    n: int = 0  # not `count`: that is a tuple method
     sum_predicted: float = 0.0
     sum_observed: float = 0.0
     sum_squared_error: float = 0.0
 
     def plus(self, other: BinStats) -> BinStats:
         return BinStats(
-            self.count + other.count,
+            self.n + other.n,
             self.sum_predicted + other.sum_predicted,
             self.sum_observed + other.sum_observed,
             self.sum_squared_error + other.sum_squared_error,
@@ -66,7 +66,7 @@ class BinStats(NamedTuple):
 
     def minus(self, other: BinStats) -> BinStats:
         return BinStats(
-            self.count - other.count,
+            self.n - other.n,
             self.sum_predicted - other.sum_predicted,
             self.sum_observed - other.sum_observed,
             self.sum_squared_error - other.sum_squared_error,
@@ -80,18 +80,18 @@ Histogram = Mapping[int, BinStats]
 class ActionStats(NamedTuple):
     """Outcomes of the responses that got one action (allow / flag / reject)."""
 
-    count: int = 0
+    n: int = 0  # not `count`: that is a tuple method
     sum_observed: float = 0.0
 
     def plus(self, other: ActionStats) -> ActionStats:
-        return ActionStats(self.count + other.count, self.sum_observed + other.sum_observed)
+        return ActionStats(self.n + other.n, self.sum_observed + other.sum_observed)
 
     def minus(self, other: ActionStats) -> ActionStats:
-        return ActionStats(self.count - other.count, self.sum_observed - other.sum_observed)
+        return ActionStats(self.n - other.n, self.sum_observed - other.sum_observed)
 
     @property
     def observed_accuracy(self) -> float | None:
-        return self.sum_observed / self.count if self.count else None
+        return self.sum_observed / self.n if self.n else None
 
 
 class ReliabilityBin(BaseModel):
@@ -135,7 +135,7 @@ def subtract(histogram: Histogram, removed: Histogram) -> dict[int, BinStats]:
     result = dict(histogram)
     for index, stats in removed.items():
         left = result[index].minus(stats)
-        if left.count > 0:
+        if left.n > 0:
             result[index] = left
         else:
             del result[index]
@@ -153,7 +153,7 @@ def merge(histograms: Iterable[Histogram]) -> dict[int, BinStats]:
 
 
 def total(histogram: Histogram) -> int:
-    return sum(stats.count for stats in histogram.values())
+    return sum(stats.n for stats in histogram.values())
 
 
 def _coarse(histogram: Histogram) -> list[tuple[int, float, float]]:
@@ -171,7 +171,7 @@ def _coarse(histogram: Histogram) -> list[tuple[int, float, float]]:
 
 def summary(histogram: Histogram) -> tuple[int, float | None, float | None]:
     """(samples, ECE, Brier) in one pass over the bins (the per-outcome path)."""
-    n = sum(stats.count for stats in histogram.values())
+    n = sum(stats.n for stats in histogram.values())
     if n == 0:
         return 0, None, None
     squared = sum(stats.sum_squared_error for stats in histogram.values())
@@ -217,7 +217,7 @@ def advise_threshold(histogram: Histogram, target_precision: float) -> Threshold
     for index in range(FINE_BINS - 1, -1, -1):
         stats = histogram.get(index)
         if stats is not None:
-            allowed += stats.count
+            allowed += stats.n
             observed += stats.sum_observed
         if allowed and observed / allowed >= target_precision:
             best = (index, allowed, observed / allowed)

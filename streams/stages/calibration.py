@@ -23,7 +23,15 @@ from streams.events import CalibrationGroup, CalibrationUpdated, OutcomeEvent
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import calibration
-from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, now, tenant_partition
+from streams.stages.common import (
+    ExpiryClock,
+    InputRecord,
+    Outputs,
+    Record,
+    is_flagged,
+    now,
+    tenant_partition,
+)
 from streams.state import (
     CalibrationMessage,
     CalibrationSubject,
@@ -118,7 +126,7 @@ def _minus(
     result = dict(actions)
     for action, stats in removed.items():
         left = result[action].minus(stats)
-        if left.count > 0:
+        if left.n > 0:
             result[action] = left
         else:
             del result[action]
@@ -205,7 +213,7 @@ class CalibrationStage:
                 return  # an older score (re-delivered or overtaken): keep the newer one
             for outcome in entry.waiting:
                 self._apply(tenant, subject, outcome, batch, message.received_at, out)
-                self.metrics.outcomes.labels("matched").inc()
+                self.metrics.child(self.metrics.outcomes, "matched").inc()
             applied = (*entry.applied, *(o.event_id for o in entry.waiting))
             batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
         if message.outcome is not None:
@@ -216,14 +224,14 @@ class CalibrationStage:
             if outcome.event_id in entry.applied or any(
                 w.event_id == outcome.event_id for w in entry.waiting
             ):
-                self.metrics.outcomes.labels("duplicate").inc()
+                self.metrics.child(self.metrics.outcomes, "duplicate").inc()
                 return
             if entry.subject is None:
-                self.metrics.outcomes.labels("waiting").inc()
+                self.metrics.child(self.metrics.outcomes, "waiting").inc()
                 entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
             else:
                 self._apply(tenant, entry.subject, outcome, batch, message.received_at, out)
-                self.metrics.outcomes.labels("matched").inc()
+                self.metrics.child(self.metrics.outcomes, "matched").inc()
                 entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
             batch.write("subjects", key, entry)
 
@@ -307,8 +315,8 @@ class CalibrationStage:
             m.labels(group.dimension, group.value),
             group.kind,
         )
-        m.calibration_ece.labels(*labels).set(ece)
-        m.calibration_brier.labels(*labels).set(brier)
+        m.child(m.calibration_ece, *labels).set(ece)
+        m.child(m.calibration_brier, *labels).set(brier)
         settings = self.settings
         if samples < settings.calibration_min_samples:
             return group
@@ -343,7 +351,7 @@ class CalibrationStage:
             alert=alert,
             bins=calibration.reliability(group.bins),
         ).model_dump(mode="json")
-        out.emit(output, outcome.trace_id.encode(), alert, received_at)
+        out.emit(output, outcome.trace_id.encode(), is_flagged(output), received_at)
         return group.model_copy(update={"last_emitted_ece": ece, "last_emitted_at": outcome.timestamp})
 
     # --- expiry (the sweep) -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class ExpiryClock:
         return bool(sources) and min(sources.values()) - last_event_time > ttl
 
 
+@functools.lru_cache(maxsize=65536)  # pure Python murmur2 per record showed in profiles
 def tenant_partition(tenant_id: str, partitions: int) -> int:
     """A tenant's partition of the claims and calibration topics: Kafka's default partitioner (murmur2).
 
@@ -104,7 +106,7 @@ class Outputs:
 
     def dead_letter(self, letter: DeadLetter, record: InputRecord) -> None:
         """Send the record to the DLQ (logprobs removed) with Connect-style error headers."""
-        self.metrics.events_dead_lettered.labels(letter.reason).inc()
+        self.metrics.child(self.metrics.events_dead_lettered, letter.reason).inc()
         self.records.append(
             Record(
                 self.settings.dlq_topic,
@@ -140,8 +142,9 @@ class Outputs:
         if flagged:
             self.records.append(Record(self.settings.flagged_topic, key, value))
         event_type = str(output["event_type"])
-        self.metrics.outputs_emitted.labels(event_type).inc()
-        self.metrics.processing_latency.labels(event_type).observe(max(0.0, now().timestamp() - received_at))
+        m = self.metrics
+        m.child(m.outputs_emitted, event_type).inc()
+        m.child(m.processing_latency, event_type).observe(max(0.0, now().timestamp() - received_at))
 
 
 def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLetter:
@@ -161,7 +164,7 @@ def without_scored_at(output: dict[str, object]) -> dict[str, object]:
 
 
 def is_flagged(output: dict[str, object]) -> bool:
-    """DESIGN section 3's rule for copying an output to flagged-events."""
+    """DESIGN section 3's rule for copying an output to flagged-events (and calibration alerts)."""
     kind = output["event_type"]
     if kind == "RESPONSE_SCORED":
         comp = output["composite"]
@@ -171,6 +174,8 @@ def is_flagged(output: dict[str, object]) -> bool:
         return output["band"] in ("weak", "failed")
     if kind == "SYNTHESIS_SCORED":
         return bool(output["warnings"]) or bool(output["conflicts"])
+    if kind == "CALIBRATION_UPDATED":
+        return bool(output["alert"])
     if kind == "CLAIM_SCORED":
         interval = output["interval"]
         assert isinstance(interval, dict)

@@ -198,24 +198,24 @@ class AgentStage:
         )
         if pending.confidence is None:
             if self.configs.response.enabled:
-                m.confidence_missing.labels(*labels).inc()
+                m.child(m.confidence_missing, *labels).inc()
         else:
-            m.confidence_histogram.labels(*labels).observe(pending.confidence)
-            gauge = m.confidence_average.labels(*labels)
+            m.child(m.confidence_histogram, *labels).observe(pending.confidence)
+            gauge = m.child(m.confidence_average, *labels)
             previous = gauge._value.get()
             gauge.set(
                 pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous)
             )
-        m.response_actions.labels(str(output["action"])).inc()
+        m.child(m.response_actions, str(output["action"])).inc()
         if output["action"] == "reject":
-            m.confidence_rejected.labels(*labels).inc()
+            m.child(m.confidence_rejected, *labels).inc()
         comp = output["composite"]
         assert isinstance(comp, dict)
         if comp["should_block"]:
-            m.composite_blocked.labels(m.labels("agent_type", event.agent_type.lower())).inc()
+            m.child(m.composite_blocked, m.labels("agent_type", event.agent_type.lower())).inc()
         window_start = event.timestamp - timedelta(hours=self.settings.history_window_hours)
         recent = [e for e in entries if e.event_time >= window_start]
         if recent:
-            m.agent_success_rate.labels(
-                m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
+            m.child(
+                m.agent_success_rate, m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
             ).set(sum(e.threshold_met for e in recent) / len(recent))

@@ -72,7 +72,7 @@ class TraceStage:
         if isinstance(event, DeadLetter):
             out.dead_letter(event, record)
             return
-        self.metrics.events_processed.labels(event.event_type).inc()
+        self.metrics.child(self.metrics.events_processed, event.event_type).inc()
         self.clock.saw(record.partition, event.timestamp)
         if isinstance(event, OutcomeEvent):
             self._outcome(event, record, out)  # no trace state: the calibration stage de-duplicates
@@ -145,7 +145,7 @@ class TraceStage:
             scored_at=now(),
             **dict(result),  # the evidence fields, top level (nested models passed as they are)
         ).model_dump(mode="json")
-        self.metrics.evidence_band.labels(result.band).inc()
+        self.metrics.child(self.metrics.evidence_band, result.band).inc()
         if result.recovery_recommended:
             self.metrics.recovery_recommended.inc()
         out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
