@@ -3,8 +3,9 @@
 Reads the outputs from a topic (from the beginning to the end offsets it finds at start, then stops) or
 from a JSON-lines file such as `confidence-streams tail --json` writes, and summarises them: logprob
 confidence per model, the flag rate over processing time, each trace's latest evidence band, and blocked
-responses per agent type. The summary is pure (`summarize`); the charts need the `report` extra
-(matplotlib, drawn with its Agg backend, no display needed).
+responses per agent type; the HTML adds, when the run has CALIBRATION_UPDATED outputs, each calibration
+group's last ECE. The summary is pure (`summarize`); the charts need the `report` extra (matplotlib, drawn
+with its Agg backend, no display needed).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from streams.stages.common import is_flagged
 
 __all__ = [
     "BANDS",
+    "CalibrationLast",
     "Summary",
     "bucket_width",
     "load_lines",
@@ -46,6 +48,22 @@ NICE_WIDTHS = (
     *(60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400, 7 * 86400),
 )
 MAX_BUCKETS = 30
+
+
+@dataclass(frozen=True)
+class CalibrationLast:
+    """A calibration group's latest CALIBRATION_UPDATED (by scored_at) in the run."""
+
+    tenant: str
+    dimension: str
+    value: str
+    kind: str
+    ece: float | None
+    previous_ece: float | None
+    brier: float | None
+    samples: int | None
+    alert: bool
+    scored_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -67,10 +85,16 @@ class Summary:
     last: datetime | None = None
     bucket_seconds: float = 1.0
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (start s, outputs, flagged)
+    calibration_alerts: int = 0  # CALIBRATION_UPDATED with alert true (copied to flagged-events)
+    calibration_last: list[CalibrationLast] = field(default_factory=list)  # one per group, sorted
 
     @property
     def responses(self) -> int:
         return self.by_type.get("RESPONSE_SCORED", 0)
+
+    @property
+    def calibration_updates(self) -> int:
+        return self.by_type.get("CALIBRATION_UPDATED", 0)
 
 
 def _scored_at(output: dict[str, Any]) -> datetime | None:
@@ -84,10 +108,51 @@ def _scored_at(output: dict[str, Any]) -> datetime | None:
 
 
 def _flagged(output: dict[str, Any]) -> bool:
+    if output["event_type"] == "CALIBRATION_UPDATED":
+        return output.get("alert") is True  # the calibration stage copies an alert (not is_flagged's rule)
     try:
         return is_flagged(output)
     except (KeyError, AssertionError, TypeError, ValueError):  # an output missing a field the rule reads
         return False
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _calibration_last(outputs: Iterable[dict[str, Any]]) -> list[CalibrationLast]:
+    """Each (tenant, dimension, value, kind) group's latest CALIBRATION_UPDATED, sorted by group.
+
+    Latest by scored_at (records of one group may sit on several partitions: they are keyed by the
+    outcome's trace); without a readable scored_at, the later record wins.
+    """
+    last: dict[tuple[str, str, str, str], CalibrationLast] = {}
+    for o in outputs:
+        group = o.get("group")
+        if o["event_type"] != "CALIBRATION_UPDATED" or not isinstance(group, dict):
+            continue
+        key = (
+            str(o.get("tenant_id")),
+            str(group.get("dimension")),
+            str(group.get("value")),
+            str(group.get("kind")),
+        )
+        samples = o.get("samples")
+        row = CalibrationLast(
+            *key,
+            ece=_number(o.get("ece")),
+            previous_ece=_number(o.get("previous_ece")),
+            brier=_number(o.get("brier")),
+            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+            alert=o.get("alert") is True,
+            scored_at=_scored_at(o),
+        )
+        seen = last.get(key)
+        if seen is None or seen.scored_at is None or row.scored_at is None or row.scored_at >= seen.scored_at:
+            last[key] = row
+    return [last[key] for key in sorted(last)]
 
 
 def bucket_width(span_seconds: float) -> float:
@@ -164,6 +229,10 @@ def summarize(records: Iterable[object], source: str) -> Summary:
         last=last,
         bucket_seconds=width,
         timeline=timeline,
+        calibration_alerts=sum(
+            1 for o in outputs if o["event_type"] == "CALIBRATION_UPDATED" and o.get("alert") is True
+        ),
+        calibration_last=_calibration_last(outputs),
     )
 
 
@@ -229,12 +298,55 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
 
 
+def _fixed(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _calibration_section(s: Summary) -> str:
+    """The last ECE per calibration group, or nothing when the run has no CALIBRATION_UPDATED."""
+    if not s.calibration_last:
+        return ""
+    table = _table(
+        ("tenant", "group", "kind", "ECE", "previous ECE", "Brier", "samples", "alert", "scored_at"),
+        [
+            (
+                c.tenant,
+                f"{c.dimension}={c.value}",
+                c.kind,
+                _fixed(c.ece),
+                _fixed(c.previous_ece),
+                _fixed(c.brier),
+                "-" if c.samples is None else c.samples,
+                "yes" if c.alert else "no",
+                "-" if c.scored_at is None else c.scored_at.isoformat(),
+            )
+            for c in s.calibration_last
+        ],
+    )
+    note = (
+        f"Each group's last CALIBRATION_UPDATED (latest scored_at): {s.calibration_updates} update(s), "
+        f"{s.calibration_alerts} with an alert (ECE at or above CALIBRATION_ECE_ALERT, copied to "
+        "flagged-events)."
+    )
+    return f'<section id="calibration"><h2>Calibration</h2>\n<p>{note}</p>{table}</section>\n'
+
+
 def render_html(summary: Summary, png: bytes, title: str) -> str:
     """A self-contained page: the PNG inline (base64) and a table per chart."""
     s = summary
     span = f"{s.first.isoformat()} to {s.last.isoformat()}" if s.first and s.last else "-"
     overview = _table(
-        ("outputs", "flagged", "allow", "flag", "reject", "blocked", "not outputs (skipped)"),
+        (
+            "outputs",
+            "flagged",
+            "allow",
+            "flag",
+            "reject",
+            "blocked",
+            "calibration updates",
+            "calibration alerts",
+            "not outputs (skipped)",
+        ),
         [
             (
                 s.outputs,
@@ -243,6 +355,8 @@ def render_html(summary: Summary, png: bytes, title: str) -> str:
                 s.actions.get("flag", 0),
                 s.actions.get("reject", 0),
                 s.blocked,
+                s.calibration_updates,
+                s.calibration_alerts,
                 s.skipped,
             )
         ],
@@ -294,7 +408,7 @@ img {{ max-width: 100%; border: 1px solid #ddd; }}
 <section id="evidence"><h2>Evidence bands</h2><p>Each trace's latest TRACE_SCORED band.</p>{bands}</section>
 <section id="blocked"><h2>Blocked per agent type</h2>
 <p>RESPONSE_SCORED whose composite blocked the answer (seed 004 threshold per agent type).</p>{agents}</section>
-</body></html>
+{_calibration_section(s)}</body></html>
 """
 
 

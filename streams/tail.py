@@ -2,7 +2,8 @@
 
 Colours follow the decision each output carries: RESPONSE_SCORED by `action` (allow green, flag yellow,
 reject red), TRACE_SCORED by `band`, SYNTHESIS_SCORED by `level`, CLAIM_SCORED by its interval's lower
-bound; dead letters are red, and an output that DESIGN section 3 copies to flagged-events says so. Colour
+bound, CALIBRATION_UPDATED by `alert` (red, else cyan); dead letters are red, and an output that is copied
+to flagged-events (DESIGN section 3; a calibration update when it alerts) says so. Colour
 is used only when stdout is a terminal (`--color auto`), unless asked for. `--json` writes each record's
 value as one JSON line, for `jq` and for `confidence-streams report --from FILE`.
 """
@@ -45,6 +46,7 @@ BAND_STYLES = {"strong": "green", "adequate": "cyan", "weak": "yellow", "failed"
 LEVEL_STYLES = {"high": "green", "medium": "cyan", "low": "yellow", "very_low": "red"}
 # A claim is coloured by its conservative (lower) bound, on the heuristic level edges (DECISIONS.md).
 CLAIM_EDGES = ((0.7, "green"), (0.5, "yellow"), (0.0, "red"))
+CALIBRATION_STYLES = {True: "red", False: "cyan"}  # by `alert`: ECE at or above CALIBRATION_ECE_ALERT
 UNKNOWN_STYLE = "magenta"
 DLQ_STYLE = "red"
 FLAGGED_STYLE = "bold yellow"
@@ -141,6 +143,14 @@ def format_output(event: Mapping[str, object]) -> Text:
             (f"conflicts={len(conflicts) if isinstance(conflicts, list) else '-'}", ""),
             (f"warnings={len(warnings) if isinstance(warnings, list) else '-'}", ""),
         ]
+    elif kind == "CALIBRATION_UPDATED":
+        group = _dict(event.get("group"))
+        style = CALIBRATION_STYLES[event.get("alert") is True]
+        parts += [
+            (f"{group.get('dimension')}={group.get('value')} kind={group.get('kind')}", ""),
+            (f"ece={_num(event.get('ece'))} (was {_num(event.get('previous_ece'))})", style),
+            (f"brier={_num(event.get('brier'))} samples={event.get('samples')}", ""),
+        ]
     else:
         style = UNKNOWN_STYLE
     line = Text()
@@ -159,6 +169,8 @@ def format_output(event: Mapping[str, object]) -> Text:
 
 
 def _flagged(event: Mapping[str, object]) -> bool:
+    if event.get("event_type") == "CALIBRATION_UPDATED":
+        return event.get("alert") is True  # the calibration stage copies an alert (not is_flagged's rule)
     try:
         return is_flagged(dict(event))
     except (KeyError, AssertionError, TypeError, ValueError):  # an output missing a field the rule reads

@@ -181,7 +181,11 @@ def exported_sample_names(families: Any) -> set[str]:
 
 def dashboard_problems(dashboard: Any, datasource_uid: str) -> list[str]:
     """Title, uid, unique ids, a grid position inside the grid without overlaps, a data source and targets
-    with an `expr` on every panel, and every data source reference naming the provisioned one."""
+    with an `expr` on every panel, and every data source reference naming the provisioned one.
+
+    A row (`"type": "row"`) is a full-width header one unit high with no query of its own; it must be
+    expanded with its panels at the top level (a collapsed row nests them, out of reach of these checks
+    and of `dashboard_exprs`)."""
     if not isinstance(dashboard, dict):
         return ["not an object"]
     problems = [f"missing {k!r}" for k in ("title", "uid", "panels", "schemaVersion") if not dashboard.get(k)]
@@ -215,6 +219,9 @@ def dashboard_problems(dashboard: Any, datasource_uid: str) -> list[str]:
                 else:
                     continue
                 break
+        if panel.get("type") == "row":
+            problems += _row_problems(panel, where)
+            continue
         if (panel.get("datasource") or {}).get("uid") != datasource_uid:
             problems.append(f"{where}: datasource must be the provisioned uid {datasource_uid!r}")
         targets = panel.get("targets")
@@ -235,6 +242,18 @@ def dashboard_problems(dashboard: Any, datasource_uid: str) -> list[str]:
             and (variable.get("datasource") or {}).get("uid") != datasource_uid
         ):
             problems.append(f"variable {variable.get('name')}: datasource must be {datasource_uid!r}")
+    return problems
+
+
+def _row_problems(row: dict[str, Any], where: str) -> list[str]:
+    problems = []
+    pos = row.get("gridPos")
+    if isinstance(pos, dict) and (pos.get("x"), pos.get("w"), pos.get("h")) != (0, GRID_COLUMNS, 1):
+        problems.append(f"{where}: a row spans the grid (x 0, w {GRID_COLUMNS}, h 1)")
+    if row.get("collapsed") or row.get("panels"):
+        problems.append(f"{where}: a row must be expanded, its panels at the top level")
+    if row.get("targets"):
+        problems.append(f"{where}: a row has no targets")
     return problems
 
 

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
+from streams.config import Settings
 from tests.deploy_files import (
     COMPOSE,
     COMPOSE_SCHEMA,
@@ -186,6 +187,18 @@ def _panel(dashboard: dict[str, Any], index: int) -> dict[str, Any]:
     return dict(dashboard["panels"][index])
 
 
+def _row(dashboard: dict[str, Any]) -> dict[str, Any]:
+    return next(p for p in dashboard["panels"] if p.get("type") == "row")
+
+
+def _selecting(dashboard: dict[str, Any], metric: str) -> dict[str, Any]:
+    """The one panel whose expressions select `metric`."""
+    (panel,) = [
+        p for p in dashboard["panels"] if any(metric in metric_names(t["expr"]) for t in p.get("targets", []))
+    ]
+    return dict(panel)
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
@@ -198,6 +211,9 @@ def _panel(dashboard: dict[str, Any], index: int) -> dict[str, Any]:
         (lambda d: d["panels"][1].update(gridPos=dict(d["panels"][0]["gridPos"])), "overlaps"),
         (lambda d: d.pop("uid"), "missing 'uid'"),
         (lambda d: d["templating"]["list"][0].update(datasource={"uid": "other"}), "variable tenant"),
+        (lambda d: _row(d)["gridPos"].update(w=12), "a row spans the grid"),
+        (lambda d: _row(d).update(collapsed=True, panels=[d["panels"].pop()]), "a row must be expanded"),
+        (lambda d: _row(d).update(targets=[{"refId": "A", "expr": "up"}]), "a row has no targets"),
     ],
 )
 def test_a_broken_dashboard_fails(mutate: Mutation, expected: str) -> None:
@@ -256,8 +272,37 @@ def test_every_dashboard_metric_is_one_the_worker_defines() -> None:
         "confidence_processing_latency_seconds_bucket",
         "confidence_consumer_lag",
         "rlm_synthesis_conflicts_sum",
+        "confidence_calibration_ece",
+        "confidence_calibration_brier",
+        "confidence_outcomes_total",
+        "confidence_outcomes_unmatched_total",
     ):
         assert name in referenced, name
+
+
+def test_calibration_row_and_the_ece_alert_line() -> None:
+    dashboard = load_dashboard()
+    row = _row(dashboard)
+    assert row["title"] == "Calibration"
+    panels = [
+        _selecting(dashboard, metric)
+        for metric in (
+            "confidence_calibration_ece",
+            "confidence_calibration_brier",
+            "confidence_outcomes_total",
+            "confidence_outcomes_unmatched_total",
+        )
+    ]
+    assert len({p["id"] for p in panels}) == 3  # ECE, Brier, and outcomes with unmatched on one panel
+    assert all(p["gridPos"]["y"] == row["gridPos"]["y"] + 1 for p in panels)  # directly under the row
+    ece = panels[0]
+    assert "by (tenant, dimension, group, kind)" in ece["targets"][0]["expr"]
+    defaults = ece["fieldConfig"]["defaults"]
+    alert = Settings.model_fields["calibration_ece_alert"].default
+    assert alert == 0.1
+    assert defaults["thresholds"]["steps"][-1]["value"] == alert
+    assert defaults["custom"]["thresholdsStyle"]["mode"] in ("line", "dashed", "line+area", "dashed+area")
+    assert all("rate(" in t["expr"] for t in panels[2]["targets"])  # counters as rates
 
 
 def test_a_dashboard_naming_an_unknown_or_unsuffixed_metric_is_caught() -> None:

@@ -77,6 +77,33 @@ def synthesis(seconds: float, warnings: list[str]) -> dict[str, Any]:
     }
 
 
+def calibration_updated(
+    seconds: float,
+    ece: float,
+    previous: float | None,
+    tenant: str = "acme",
+    dimension: str = "model",
+    value: str = "gpt-4o",
+    kind: str = "response",
+) -> dict[str, Any]:
+    return {
+        "event_type": "CALIBRATION_UPDATED",
+        "event_id": f"cal-{seconds}",
+        "source_event_id": f"outcome-{seconds}",
+        "trace_id": f"o-{seconds}",
+        "tenant_id": tenant,
+        "scored_at": at(seconds),
+        "group": {"dimension": dimension, "value": value, "kind": kind},
+        "ece": ece,
+        "previous_ece": previous,
+        "brier": 0.19,
+        "samples": 240,
+        "window_hours": 168.0,
+        "alert": ece >= 0.1,
+        "bins": [],
+    }
+
+
 def run_outputs() -> list[dict[str, Any]]:
     """12 outputs over 50 s; flagged: 2 flag/reject, 1 blocked, 1 weak band, 1 contradicted, 1 warning."""
     return [
@@ -181,14 +208,66 @@ def test_report_command_from_a_json_lines_file(tmp_path: Path, capsys: pytest.Ca
     embedded = re.search(r'src="data:image/png;base64,([^"]+)"', html)
     assert embedded is not None and base64.b64decode(embedded.group(1)) == png
     assert "<title>unit run</title>" in html and f"file {lines}" in html
-    # overview: outputs, flagged (share), allow, flag, reject, blocked, skipped
-    assert "<tr><td>12</td><td>7 (58.3 %)</td><td>3</td><td>1</td><td>1</td><td>1</td><td>0</td></tr>" in html
+    # overview: outputs, flagged (share), allow, flag, reject, blocked, calibration updates, alerts, skipped
+    assert (
+        "<tr><td>12</td><td>7 (58.3 %)</td><td>3</td><td>1</td><td>1</td><td>1</td>"
+        "<td>0</td><td>0</td><td>0</td></tr>" in html
+    )
+    assert '<section id="calibration">' not in html  # no CALIBRATION_UPDATED in this run
     assert (
         "<tr><td>claude</td><td>2</td><td>0.200</td><td>0.200</td><td>0.100</td><td>0.300</td></tr>" in html
     )
     assert "<tr><td>strong</td><td>1</td></tr>" in html and "<tr><td>weak</td><td>0</td></tr>" in html
     assert "<tr><td>clerk</td><td>2</td><td>1</td><td>50.0 %</td></tr>" in html
     assert "per 2 s of processing time" in html and "1 response(s) had none" in html
+
+
+def calibration_run() -> list[dict[str, Any]]:
+    """Three groups; acme's gpt-4o group updated twice, its later update (45 s, an alert) read first."""
+    return [
+        calibration_updated(45, 0.12, 0.05),
+        calibration_updated(30, 0.05, None),
+        calibration_updated(31, 0.031, None, dimension="agent_type", value="planner", kind="composite"),
+        calibration_updated(40, 0.2, 0.17, tenant="globex"),
+        {"event_type": "CALIBRATION_UPDATED", "tenant_id": "acme"},  # counted, no group to show
+    ]
+
+
+def test_calibration_updates_are_counted_and_the_last_ece_per_group_kept() -> None:
+    s = summarize([*run_outputs(), *calibration_run()], "test")
+    assert s.by_type["CALIBRATION_UPDATED"] == s.calibration_updates == 5
+    assert s.calibration_alerts == 2
+    assert s.flagged == 7 + 2  # an alert is copied to flagged-events
+    assert [(c.tenant, c.dimension, c.value, c.kind) for c in s.calibration_last] == [
+        ("acme", "agent_type", "planner", "composite"),
+        ("acme", "model", "gpt-4o", "response"),
+        ("globex", "model", "gpt-4o", "response"),
+    ]
+    acme = s.calibration_last[1]
+    assert (acme.ece, acme.previous_ece, acme.alert, acme.scored_at) == (
+        0.12,
+        0.05,
+        True,
+        T0 + timedelta(seconds=45),
+    )
+
+
+def test_calibration_table_in_the_html(tmp_path: Path) -> None:
+    _, html_path = write_report([*run_outputs(), *calibration_run()], str(tmp_path), source="test")
+    html = Path(html_path).read_text()
+    assert "<td>1</td><td>5</td><td>2</td><td>0</td></tr>" in html  # blocked, updates, alerts, skipped
+    section = html[html.index('<section id="calibration">') :]
+    assert "5 update(s), 2 with an alert" in section
+    assert (
+        "<tr><td>acme</td><td>model=gpt-4o</td><td>response</td><td>0.120</td><td>0.050</td><td>0.190</td>"
+        f"<td>240</td><td>yes</td><td>{at(45)}</td></tr>"
+    ) in section
+    assert (
+        "<tr><td>acme</td><td>agent_type=planner</td><td>composite</td><td>0.031</td><td>-</td><td>0.190</td>"
+        f"<td>240</td><td>no</td><td>{at(31)}</td></tr>"
+    ) in section
+    assert "<td>globex</td><td>model=gpt-4o</td><td>response</td><td>0.200</td>" in section
+    assert section.count("<tr><td>") == 3  # one row per group: acme's earlier update is not shown
 
 
 def test_html_escapes_values() -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pytest
 
+from streams.events import CalibrationGroup, CalibrationUpdated
 from streams.kafka_io import Consumed
+from streams.scoring.calibration import ReliabilityBin
 from streams.tail import (
     ColorMode,
     dead_letter_json,
@@ -75,6 +78,31 @@ def synthesis(level: str, conflicts: int = 0) -> dict[str, Any]:
         "conflicts": [{}] * conflicts,
         "warnings": ["w"] * conflicts,
     }
+
+
+def calibration(alert: bool, previous: float | None = 0.151, dimension: str = "model") -> dict[str, Any]:
+    """A real CALIBRATION_UPDATED as the calibration stage serialises it."""
+    return CalibrationUpdated(
+        event_id="cal-1",
+        source_event_id="outcome-1",
+        trace_id="trace-5",
+        tenant_id="acme",
+        scored_at=datetime(2026, 11, 22, 17, 5, 6, 2000, tzinfo=UTC),
+        group=CalibrationGroup.model_validate(
+            {
+                "dimension": dimension,
+                "value": "gpt-4o" if dimension == "model" else "planner",
+                "kind": "response",
+            }
+        ),
+        ece=0.18426 if alert else 0.0412,
+        previous_ece=previous,
+        brier=0.21208,
+        samples=240,
+        window_hours=168.0,
+        alert=alert,
+        bins=[ReliabilityBin(lower=0.9, upper=1.0, count=240, mean_predicted=0.95, observed_rate=0.77)],
+    ).model_dump(mode="json")
 
 
 def render(event: dict[str, Any], color: ColorMode) -> str:
@@ -174,6 +202,34 @@ def test_synthesis_with_conflicts_is_flagged() -> None:
     assert plain(synthesis("low", conflicts=1)).endswith("conflicts=1 warnings=1 [flagged]")
 
 
+def test_calibration_line_names_the_group_and_both_errors() -> None:
+    assert plain(calibration(alert=True)) == (
+        "17:05:06.002 CALIBRATION_UPDATED trace=trace-5 tenant=acme model=gpt-4o kind=response "
+        "ece=0.184 (was 0.151) brier=0.212 samples=240 [flagged]"
+    )
+    # The group's first update has no previous ECE; below the alert threshold it is not copied to flagged.
+    assert plain(calibration(alert=False, previous=None, dimension="agent_type")) == (
+        "17:05:06.002 CALIBRATION_UPDATED trace=trace-5 tenant=acme agent_type=planner kind=response "
+        "ece=0.041 (was -) brier=0.212 samples=240"
+    )
+
+
+@pytest.mark.parametrize(("alert", "code", "ece"), [(True, RED, "0.184"), (False, CYAN, "0.041")])
+def test_calibration_coloured_by_alert(alert: bool, code: str, ece: str) -> None:
+    rendered = render(calibration(alert), "always")
+    assert code in codes_of(rendered, "CALIBRATION_UPDATED")
+    assert code in codes_of(rendered, f"ece={ece} (was 0.151)")
+    assert codes_of(rendered, "model=gpt-4o") == set()
+    assert codes_of(rendered, "brier=") == set()
+
+
+def test_calibration_with_missing_fields_still_makes_one_line() -> None:
+    line = plain({"event_type": "CALIBRATION_UPDATED", "trace_id": "t", "tenant_id": "x"})
+    assert (
+        line == "CALIBRATION_UPDATED trace=t tenant=x None=None kind=None ece=- (was -) brier=- samples=None"
+    )
+
+
 def test_unknown_event_type_and_missing_fields_still_make_one_line() -> None:
     assert plain({"event_type": "SOMETHING", "trace_id": "t"}) == "SOMETHING trace=t tenant=None"
     line = plain({"event_type": "RESPONSE_SCORED", "trace_id": "t", "tenant_id": "x"})
@@ -193,10 +249,17 @@ def test_no_escape_codes_when_not_a_terminal(color: ColorMode, monkeypatch: pyte
     monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
     out = io.StringIO()  # not a TTY
     console = make_console(color, file=out)
-    for event in (response("reject"), trace("failed", 0.1), claim(0.2, 0.3, 0.9), synthesis("very_low", 2)):
+    events = (
+        response("reject"),
+        trace("failed", 0.1),
+        claim(0.2, 0.3, 0.9),
+        synthesis("very_low", 2),
+        calibration(alert=True),
+    )
+    for event in events:
         console.print(format_output(event))
     assert "\x1b" not in out.getvalue()
-    assert out.getvalue().count("\n") == 4
+    assert out.getvalue().count("\n") == 5
 
 
 def test_always_colours_even_when_not_a_terminal() -> None:
