@@ -244,7 +244,7 @@ def _sample_names_of_metrics_module() -> set[str]:
     names: set[str] = set()
     for field in m._fields:
         collector = getattr(m, field)
-        if field == "labels":
+        if field in ("labels", "child"):  # the label cap and the children cache, not collectors
             continue
         # Describe instead of collect: a labelled metric with no children yet describes no samples.
         for family in collector.describe():
