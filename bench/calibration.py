@@ -24,7 +24,14 @@ from streams.events import OutcomeEvent
 from streams.scoring import calibration
 from streams.stages.calibration import CalibrationStage, group_key, hour_key, subject_key
 from streams.stages.common import InputRecord
-from streams.state import CalibrationMessage, CalibrationSubject, GroupCalibration, HourBucket, SubjectEntry
+from streams.state import (
+    CalibrationItem,
+    CalibrationMessage,
+    CalibrationSubject,
+    GroupCalibration,
+    HourBucket,
+    SubjectEntry,
+)
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 OUTCOMES = 4000
@@ -79,7 +86,9 @@ def _outcome_record(i: int, state: dict[bytes, BaseModel]) -> InputRecord:
             }
         )
     )
-    message = CalibrationMessage(tenant_id="t", outcome=outcome, received_at=0.0, source=0)
+    message = CalibrationMessage(
+        tenant_id="t", items=[CalibrationItem(outcome=outcome, received_at=0.0)], source=0
+    )
     return InputRecord("calibration", 0, i, 0.0, message.model_dump_json().encode())
 
 

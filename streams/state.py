@@ -17,6 +17,7 @@ from streams.scoring.synthesis import TraceClaim
 
 __all__ = [
     "AgentHistory",
+    "CalibrationItem",
     "CalibrationMessage",
     "CalibrationSubject",
     "ClaimMessage",
@@ -117,14 +118,21 @@ class CalibrationSubject(BaseModel):
     agent_type: str | None = None
 
 
-class CalibrationMessage(BaseModel):
-    """A score or an OUTCOME on its way to the calibration stage (keyed by tenant)."""
+class CalibrationItem(BaseModel):
+    """A score just emitted, or an OUTCOME, for the calibration stage."""
 
     model_config = ConfigDict(frozen=True)
-    tenant_id: str
     subject: CalibrationSubject | None = None
     outcome: OutcomeEvent | None = None
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+
+
+class CalibrationMessage(BaseModel):
+    """A tenant's calibration items of one upstream batch, in order (one record, not one per score)."""
+
+    model_config = ConfigDict(frozen=True)
+    tenant_id: str
+    items: list[CalibrationItem]
     source: int = Field(
         description="Upstream stage and partition (expiry watermark), see stages/calibration."
     )

@@ -1,7 +1,7 @@
 """Stage 4, keyed by tenant: join OUTCOME events with the scores they judge -> calibration per group.
 
-The other stages send each score they emit here (`subject_message`: the numbers and labels only) and
-stage 1 forwards each OUTCOME (`outcome_message`); both are keyed by tenant, so one owner sees a
+The other stages send each score they emit here (the numbers and labels only) and stage 1 forwards
+each OUTCOME, grouped per tenant and batch (`calibration_records`); keyed by tenant, so one owner sees a
 tenant's scores and outcomes in sequence. A score is kept `CALIBRATION_JOIN_WINDOW_HOURS` of event
 time; an outcome that arrives before its score waits up to `CALIBRATION_OUTCOME_WAIT_HOURS` and is
 then counted as unmatched. A matched outcome updates one group per (model or agent type, score kind):
@@ -33,6 +33,7 @@ from streams.stages.common import (
     tenant_partition,
 )
 from streams.state import (
+    CalibrationItem,
     CalibrationMessage,
     CalibrationSubject,
     GroupCalibration,
@@ -44,11 +45,10 @@ __all__ = [
     "CalibrationStage",
     "CalibrationWrite",
     "Table",
+    "calibration_records",
     "group_key",
     "hour_key",
-    "outcome_message",
     "subject_key",
-    "subject_message",
     "upstream",
 ]
 
@@ -74,34 +74,24 @@ def hour_key(group: GroupCalibration, hour: int) -> bytes:
     return orjson.dumps([group.tenant_id, "hour", group.dimension, group.value, group.kind, hour])
 
 
-def _message(settings: Settings, message: CalibrationMessage) -> Record:
-    tenant = message.tenant_id
-    return Record(
-        settings.calibration_topic,
-        tenant.encode(),
-        message.model_dump_json().encode(),
-        partition=tenant_partition(tenant, settings.topic_partitions),
-    )
+def calibration_records(settings: Settings, outputs: Outputs) -> list[Record]:
+    """The batch's queued calibration items as one record per (tenant, upstream source), in order.
 
-
-def subject_message(
-    settings: Settings, tenant_id: str, subject: CalibrationSubject, received_at: float, source: int
-) -> Record:
-    """The record that tells the calibration stage about a score just emitted."""
-    return _message(
-        settings,
-        CalibrationMessage(tenant_id=tenant_id, subject=subject, received_at=received_at, source=source),
-    )
-
-
-def outcome_message(settings: Settings, outcome: OutcomeEvent, received_at: float, source: int) -> Record:
-    """The record that carries an OUTCOME input from stage 1 to the calibration stage."""
-    return _message(
-        settings,
-        CalibrationMessage(
-            tenant_id=outcome.tenant_id, outcome=outcome, received_at=received_at, source=source
-        ),
-    )
+    One record per tenant and batch instead of one per score: under load that is a few records per
+    batch rather than one more per output, and the order within a tenant is kept.
+    """
+    grouped: dict[tuple[str, int], list[CalibrationItem]] = {}
+    for tenant, source, item in outputs.calibration:
+        grouped.setdefault((tenant, source), []).append(item)
+    return [
+        Record(
+            settings.calibration_topic,
+            tenant.encode(),
+            CalibrationMessage(tenant_id=tenant, items=items, source=source).model_dump_json().encode(),
+            partition=tenant_partition(tenant, settings.topic_partitions),
+        )
+        for (tenant, source), items in grouped.items()
+    ]
 
 
 def _hour(moment: datetime) -> int:
@@ -203,37 +193,43 @@ class CalibrationStage:
 
     def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         message = CalibrationMessage.model_validate_json(record.value or b"")
-        tenant = message.tenant_id
-        if message.subject is not None:
-            subject = message.subject
-            key = subject_key(tenant, subject.subject_type, subject.subject_id)
-            entry = batch.subject(key)
-            self.clock.saw(record.partition, subject.event_time, source=message.source)
-            if entry.subject is not None and entry.subject.event_time > subject.event_time:
-                return  # an older score (re-delivered or overtaken): keep the newer one
-            for outcome in entry.waiting:
-                self._apply(tenant, subject, outcome, batch, message.received_at, out)
-                self.metrics.child(self.metrics.outcomes, "matched").inc()
-            applied = (*entry.applied, *(o.event_id for o in entry.waiting))
-            batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
-        if message.outcome is not None:
-            outcome = message.outcome
-            key = subject_key(tenant, outcome.subject_type, outcome.subject_id)
-            entry = batch.subject(key)
-            self.clock.saw(record.partition, outcome.timestamp, source=message.source)
-            if outcome.event_id in entry.applied or any(
-                w.event_id == outcome.event_id for w in entry.waiting
-            ):
-                self.metrics.child(self.metrics.outcomes, "duplicate").inc()
-                return
-            if entry.subject is None:
-                self.metrics.child(self.metrics.outcomes, "waiting").inc()
-                entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
-            else:
-                self._apply(tenant, entry.subject, outcome, batch, message.received_at, out)
-                self.metrics.child(self.metrics.outcomes, "matched").inc()
-                entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
-            batch.write("subjects", key, entry)
+        for item in message.items:
+            if item.subject is not None:
+                self.clock.saw(record.partition, item.subject.event_time, source=message.source)
+                self._subject(message.tenant_id, item.subject, item.received_at, batch, out)
+            if item.outcome is not None:
+                self.clock.saw(record.partition, item.outcome.timestamp, source=message.source)
+                self._outcome(message.tenant_id, item.outcome, item.received_at, batch, out)
+
+    def _subject(
+        self, tenant: str, subject: CalibrationSubject, received_at: float, batch: _Batch, out: Outputs
+    ) -> None:
+        key = subject_key(tenant, subject.subject_type, subject.subject_id)
+        entry = batch.subject(key)
+        if entry.subject is not None and entry.subject.event_time > subject.event_time:
+            return  # an older score (re-delivered or overtaken): keep the newer one
+        for outcome in entry.waiting:
+            self._apply(tenant, subject, outcome, batch, received_at, out)
+            self.metrics.child(self.metrics.outcomes, "matched").inc()
+        applied = (*entry.applied, *(o.event_id for o in entry.waiting))
+        batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
+
+    def _outcome(
+        self, tenant: str, outcome: OutcomeEvent, received_at: float, batch: _Batch, out: Outputs
+    ) -> None:
+        key = subject_key(tenant, outcome.subject_type, outcome.subject_id)
+        entry = batch.subject(key)
+        if outcome.event_id in entry.applied or any(w.event_id == outcome.event_id for w in entry.waiting):
+            self.metrics.child(self.metrics.outcomes, "duplicate").inc()
+            return
+        if entry.subject is None:
+            self.metrics.child(self.metrics.outcomes, "waiting").inc()
+            entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
+        else:
+            self._apply(tenant, entry.subject, outcome, batch, received_at, out)
+            self.metrics.child(self.metrics.outcomes, "matched").inc()
+            entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
+        batch.write("subjects", key, entry)
 
     def _apply(
         self,

@@ -13,7 +13,7 @@ from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
-from streams.stages.calibration import subject_message, upstream
+from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import (
     ExpiryClock,
     InputRecord,
@@ -23,7 +23,7 @@ from streams.stages.common import (
     now,
     tenant_partition,
 )
-from streams.state import CalibrationSubject, ClaimMessage, table_key
+from streams.state import CalibrationItem, CalibrationSubject, ClaimMessage, table_key
 
 __all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
 
@@ -68,7 +68,7 @@ class ClaimStage:
         dirty: dict[bytes, ClaimWrite] = {}
         for record in records:
             out.guarded(record, "claim stage", lambda r: self._one(r, load, dirty, out))
-        return out.records, dirty
+        return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(
         self,
@@ -117,7 +117,7 @@ class ClaimStage:
                 agent_type=score.agent_type,
             )
             source = upstream("claims", partition)
-            out.records.append(subject_message(self.settings, tenant, subject, received_at, source))
+            out.calibrate(tenant, source, CalibrationItem(subject=subject, received_at=received_at))
 
     def partition_of(self, key: bytes) -> int:
         """The changelog partition of a claims table key ([tenant, claim_id]): its tenant's."""

@@ -14,6 +14,7 @@ from aiokafka.partitioner import murmur2
 from streams.config import Settings
 from streams.dlq import DeadLetter, connect_headers, strip_logprobs
 from streams.metrics import Metrics
+from streams.state import CalibrationItem
 
 __all__ = [
     "ExpiryClock",
@@ -103,6 +104,12 @@ class Outputs:
     settings: Settings
     metrics: Metrics
     records: list[Record] = field(default_factory=list)
+    # (tenant, upstream source, item) for the calibration stage, sent grouped at the end of the batch.
+    calibration: list[tuple[str, int, CalibrationItem]] = field(default_factory=list)
+
+    def calibrate(self, tenant: str, source: int, item: CalibrationItem) -> None:
+        """Queue a score or an outcome for the calibration stage."""
+        self.calibration.append((tenant, source, item))
 
     def dead_letter(self, letter: DeadLetter, record: InputRecord) -> None:
         """Send the record to the DLQ (logprobs removed) with Connect-style error headers."""
@@ -121,11 +128,12 @@ class Outputs:
 
         A scorer bug or an unreadable internal message must never stop the worker (DESIGN section 6).
         """
-        mark = len(self.records)
+        mark, calibration_mark = len(self.records), len(self.calibration)
         try:
             handle(record)
         except Exception as exc:
             del self.records[mark:]
+            del self.calibration[calibration_mark:]
             log.error(
                 "dead-lettering %s[%d]@%d in the %s: %s",
                 record.topic,

@@ -16,10 +16,11 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
-from streams.stages.calibration import subject_message, upstream
+from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
 from streams.state import (
     AgentHistory,
+    CalibrationItem,
     CalibrationSubject,
     HistoryEntry,
     PendingResponse,
@@ -45,7 +46,7 @@ class AgentStage:
         dirty: dict[bytes, AgentHistory] = {}
         for record in records:
             out.guarded(record, "history stage", lambda r: self._one(r, load, dirty, out))
-        return out.records, dirty
+        return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(
         self,
@@ -182,8 +183,8 @@ class AgentStage:
             agent_type=event.agent_type,
         )
         source = upstream("responses", record.partition)
-        out.records.append(
-            subject_message(self.settings, event.tenant_id, subject, pending.received_at, source)
+        out.calibrate(
+            event.tenant_id, source, CalibrationItem(subject=subject, received_at=pending.received_at)
         )
 
     def _observe(

@@ -19,7 +19,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
-from streams.stages.calibration import outcome_message, subject_message, upstream
+from streams.stages.calibration import calibration_records, upstream
 from streams.stages.claims import claim_message
 from streams.stages.common import (
     ExpiryClock,
@@ -32,6 +32,7 @@ from streams.stages.common import (
     without_scored_at,
 )
 from streams.state import (
+    CalibrationItem,
     CalibrationSubject,
     PendingResponse,
     SubCallRecord,
@@ -59,7 +60,7 @@ class TraceStage:
         dirty: dict[bytes, TraceState] = {}
         for record in records:
             out.guarded(record, "trace stage", lambda r: self._one(r, load, dirty, out))
-        return out.records, dirty
+        return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(
         self,
@@ -158,9 +159,8 @@ class TraceStage:
                 agent_type=event.agent_type,
             )
             source = upstream("trace", record.partition)
-            out.records.append(
-                subject_message(self.settings, event.tenant_id, subject, record.timestamp, source)
-            )
+            item = CalibrationItem(subject=subject, received_at=record.timestamp)
+            out.calibrate(event.tenant_id, source, item)
         return state.model_copy(update={"evidence": new_evidence}), [without_scored_at(output)]
 
     # --- OUTCOME -> the calibration stage ------------------------------------------------------------
@@ -170,7 +170,7 @@ class TraceStage:
             self.metrics.outcomes.labels("disabled").inc()
             return
         source = upstream("trace", record.partition)
-        out.records.append(outcome_message(self.settings, event, record.timestamp, source))
+        out.calibrate(event.tenant_id, source, CalibrationItem(outcome=event, received_at=record.timestamp))
 
     # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
 

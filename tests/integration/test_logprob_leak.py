@@ -254,6 +254,11 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
             )
         )
         port = d.web_ports[0]
+        # The outcome's join runs after the outputs above: wait until its calibration group exists.
+        deadline = time.monotonic() + 60
+        while _get(port, "/calibration/leak")[0] != 200:
+            assert time.monotonic() < deadline, "the outcome was never joined with its score"
+            time.sleep(0.2)
         paths = ["/healthz", "/metrics"]
         paths += [f"/traces/leak/{t}" for t in ("lk-1", "lk-2", "lk-syn", "lk-bad", "no-such-trace")]
         paths += [f"/claims/leak/{c}" for c in ("k1", "k2", "k3", "k4", "no-such-claim")]
