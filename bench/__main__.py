@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from bench.calibration import main as calibration_main
 from bench.claims import main as claims_main
 from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
@@ -11,4 +12,5 @@ from bench.scoring import main as scoring_main
 if __name__ == "__main__":
     scoring_main()
     claims_main()
+    calibration_main()
     sys.exit(pipeline_main())

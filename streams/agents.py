@@ -197,7 +197,8 @@ def attach_agents(svc: Service) -> None:
     histories = DecodedStates(svc.agents_history, AgentHistory)
     claims = DecodedStates(svc.claims, ClaimNode)
     calibration_states: dict[Table, DecodedStates[Any]] = {
-        "subjects": DecodedStates(svc.calibration_subjects, SubjectEntry),
+        # A score is read again only when its outcome arrives: caching its model would only hold memory.
+        "subjects": DecodedStates(svc.calibration_subjects, SubjectEntry, max_entries=64),
         "groups": DecodedStates(svc.calibration_groups, GroupCalibration),
         "hours": DecodedStates(svc.calibration_hours, HourBucket),
     }

@@ -150,6 +150,9 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         producer_max_batch_size=settings.producer_max_batch_bytes,
         producer_linger_ms=settings.producer_linger_ms,
         consumer_auto_offset_reset="earliest",
+        # Records a lagging agent may have waiting (Faust's default is 4096 per stream): a stage that
+        # falls behind holds two batches in memory, not thousands of records.
+        stream_buffer_maxsize=2 * settings.batch_size,
         table_cleanup_interval=settings.sweep_interval_seconds,
         TableManager=SeekThenResumeTableManager,  # fixes a record-loss race on restart, see streams/recovery.py
     )
