@@ -172,16 +172,21 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         app.topic(name, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions)
         for name in (settings.scored_topic, settings.flagged_topic, settings.dlq_topic)
     )
-    traces = SourcePartitionedTable(
-        app,
-        name="traces",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Per-trace evidence, sub results, claims and remembered outputs.",
-    )
-    app.tables.add(traces)
+
+    def table(name: str, description: str) -> SourcePartitionedTable:
+        created = SourcePartitionedTable(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
+            partitions=settings.topic_partitions,
+            key_type=bytes,
+            value_type=bytes,
+            help=description,
+        )
+        app.tables.add(created)
+        return created
+
+    traces = table("traces", "Per-trace evidence, sub results, claims and remembered outputs.")
     # The responses topic is produced by us with Kafka's default partitioner on the same key, so the
     # partitioner puts each changelog record in the partition its key is consumed from.
     agents_history = AckedTable(
@@ -195,49 +200,21 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         help="Rolling per-(tenant, agent) response history.",
     )
     app.tables.add(agents_history)
+
     # Claim nodes are keyed (tenant, claim) but consumed by tenant: changelog records follow the tenant.
-    claims = SourcePartitionedTable(
-        app,
-        name="claims",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Claim graph nodes per (tenant, claim_id), partitioned by tenant.",
+    claims = table("claims", "Claim graph nodes per (tenant, claim_id), partitioned by tenant.")
+    # The calibration join, keyed (tenant, ...) and consumed by tenant like the claims.
+    calibration_subjects = table(
+        "calibration-subjects",
+        "Per scored subject: its latest score, counted outcomes and outcomes waiting for it.",
     )
-    app.tables.add(claims)
-    # The calibration join: scores and waiting outcomes per subject, and the calibration groups;
-    # both keyed (tenant, ...) and consumed by tenant, like the claims.
-    calibration_subjects = SourcePartitionedTable(
-        app,
-        name="calibration-subjects",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Per scored subject: its latest score, counted outcomes and outcomes waiting for it.",
+    calibration_groups = table(
+        "calibration-groups", "Per (tenant, model or agent type, score kind): the window's reliability bins."
     )
-    app.tables.add(calibration_subjects)
-    calibration_groups = SourcePartitionedTable(
-        app,
-        name="calibration-groups",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Per (tenant, model or agent type, score kind): the window's reliability bins.",
+    calibration_hours = table(
+        "calibration-hours",
+        "Per calibration group and hour: the bins to subtract when the hour leaves the window.",
     )
-    app.tables.add(calibration_groups)
-    calibration_hours = SourcePartitionedTable(
-        app,
-        name="calibration-hours",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="Per calibration group and hour: the bins to subtract when the hour leaves the window.",
-    )
-    app.tables.add(calibration_hours)
     return Service(
         settings=settings,
         app=app,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -94,6 +94,10 @@ class ActionStats(NamedTuple):
         return self.sum_observed / self.n if self.n else None
 
 
+K = TypeVar("K")
+S = TypeVar("S", BinStats, ActionStats)
+
+
 class ReliabilityBin(BaseModel):
     """One bar of the reliability diagram."""
 
@@ -129,16 +133,16 @@ def add(histogram: Histogram, predicted: float, observed: float) -> dict[int, Bi
     return {**histogram, index: one if current is None else current.plus(one)}
 
 
-def subtract(histogram: Histogram, removed: Histogram) -> dict[int, BinStats]:
-    """`histogram` without `removed` (an hour leaving the window); emptied bins are dropped, so
-    rounding left by the subtraction never outlives the data it came from."""
-    result = dict(histogram)
-    for index, stats in removed.items():
-        left = result[index].minus(stats)
+def subtract(totals: Mapping[K, S], removed: Mapping[K, S]) -> dict[K, S]:
+    """`totals` without `removed` (an hour leaving the window), for bins or actions; emptied entries are
+    dropped, so rounding left by the subtraction never outlives the data it came from."""
+    result = dict(totals)
+    for key, stats in removed.items():
+        left = result[key].minus(stats)
         if left.n > 0:
-            result[index] = left
+            result[key] = left
         else:
-            del result[index]
+            del result[key]
     return result
 
 

@@ -110,19 +110,6 @@ class CalibrationWrite:
     partition: int
 
 
-def _minus(
-    actions: dict[str, calibration.ActionStats], removed: dict[str, calibration.ActionStats]
-) -> dict[str, calibration.ActionStats]:
-    result = dict(actions)
-    for action, stats in removed.items():
-        left = result[action].minus(stats)
-        if left.n > 0:
-            result[action] = left
-        else:
-            del result[action]
-    return result
-
-
 def _plus(
     actions: dict[str, calibration.ActionStats], action: str, one: calibration.ActionStats
 ) -> dict[str, calibration.ActionStats]:
@@ -292,7 +279,7 @@ class CalibrationStage:
             leaving = batch.hour(hour_key(group, hours[0]))
             if leaving is not None:
                 bins = calibration.subtract(bins, leaving.bins)
-                actions = _minus(actions, leaving.actions)
+                actions = calibration.subtract(actions, leaving.actions)
             batch.write("hours", hour_key(group, hours[0]), None)
             hours = hours[1:]
         return group.model_copy(update={"bins": bins, "actions": actions, "hours": hours, "newest": newest})
