@@ -17,6 +17,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import faust
@@ -39,6 +40,9 @@ EXIT_BATCH_FAILED = 70  # EX_SOFTWARE: a batch could not be completed; nothing o
 M = TypeVar("M", bound=BaseModel)
 
 
+SweepAfter = Callable[[bytes, M], tuple[int, datetime] | None]
+
+
 class DecodedStates(Generic[M]):
     """A table's values as models: decoded once, reused while the table still holds the same bytes.
 
@@ -46,25 +50,33 @@ class DecodedStates(Generic[M]):
     most of the claim stage's time. The memory store returns the very bytes object that was written,
     so an identity check tells whether the cached model is still current (a restore or another
     writer leaves new bytes and the value is decoded again). Bounded: oldest entries are dropped.
+
+    With `sweep_after` it also keeps, per key, the (partition, event time) before which the expiry
+    sweep need not look at the value, so a sweep decodes only the keys that are due instead of the
+    whole table (at 30k keys that was most of a 0.5 s sweep interval in the soak test).
     """
 
-    def __init__(self, table: faust.Table, model: type[M], max_entries: int = 1024) -> None:
+    def __init__(
+        self,
+        table: faust.Table,
+        model: type[M],
+        max_entries: int = 1024,
+        sweep_after: SweepAfter[M] | None = None,
+    ) -> None:
         self.table = table
         self.model = model
         self.max_entries = max_entries
+        self.sweep_after = sweep_after
         self._decoded: OrderedDict[bytes, tuple[bytes, M]] = OrderedDict()
+        # key -> (the bytes it was computed from, when the sweep must look again); every key, unbounded.
+        self._due: dict[bytes, tuple[bytes, tuple[int, datetime] | None]] = {}
 
     def load(self, key: bytes) -> M | None:
         raw = self.table.get(key)
         if raw is None:
-            self._decoded.pop(key, None)
+            self.forget(key)
             return None
-        hit = self._decoded.get(key)
-        if hit is not None and hit[0] is raw:
-            return hit[1]
-        value = self.model.model_validate_json(raw)
-        self._remember(key, raw, value)
-        return value
+        return self._model(key, raw)
 
     def encode(self, key: bytes, value: M) -> bytes:
         """The bytes to write for `value` (remembered with it, so the next load skips decoding)."""
@@ -75,12 +87,37 @@ class DecodedStates(Generic[M]):
     def forget(self, key: bytes) -> None:
         """Drop `key` (its state left the table)."""
         self._decoded.pop(key, None)
+        self._due.pop(key, None)
+
+    def due(self, passed: Callable[[int, datetime], bool]) -> list[tuple[bytes, M]]:
+        """The keys whose sweep moment `passed`, decoded; the others are skipped without decoding."""
+        due: list[tuple[bytes, M]] = []
+        for key, raw in list(self.table.items()):
+            known = self._due.get(key)
+            if known is None or known[0] is not raw:  # restored, or not seen since the last write
+                self._model(key, raw)
+                known = self._due[key]
+            if known[1] is not None and passed(*known[1]):
+                due.append((key, self._model(key, raw)))
+        if len(self._due) > len(self.table):  # keys that left with a partition or a restore
+            self._due = {key: value for key, value in self._due.items() if key in self.table}
+        return due
+
+    def _model(self, key: bytes, raw: bytes) -> M:
+        hit = self._decoded.get(key)
+        if hit is not None and hit[0] is raw:
+            return hit[1]
+        value = self.model.model_validate_json(raw)
+        self._remember(key, raw, value)
+        return value
 
     def _remember(self, key: bytes, raw: bytes, value: M) -> None:
         self._decoded[key] = (raw, value)
         self._decoded.move_to_end(key)
         while len(self._decoded) > self.max_entries:
             self._decoded.popitem(last=False)
+        if self.sweep_after is not None:
+            self._due[key] = (raw, self.sweep_after(key, value))
 
 
 def _records(events: Sequence[faust.EventT[bytes]]) -> list[InputRecord]:
@@ -193,13 +230,21 @@ class BatchRunner:
 def attach_agents(svc: Service) -> None:
     """Register the four stage agents and the state sweeps on `svc.app`."""
     app, settings = svc.app, svc.settings
-    traces = DecodedStates(svc.traces, TraceState)
+    calibration = svc.calibration_stage
+    traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
     histories = DecodedStates(svc.agents_history, AgentHistory)
-    claims = DecodedStates(svc.claims, ClaimNode)
+    claims = DecodedStates(svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after)
     calibration_states: dict[Table, DecodedStates[Any]] = {
         # A score is read again only when its outcome arrives: caching its model would only hold memory.
-        "subjects": DecodedStates(svc.calibration_subjects, SubjectEntry, max_entries=64),
-        "groups": DecodedStates(svc.calibration_groups, GroupCalibration),
+        "subjects": DecodedStates(
+            svc.calibration_subjects,
+            SubjectEntry,
+            max_entries=64,
+            sweep_after=calibration.subject_sweep_after,
+        ),
+        "groups": DecodedStates(
+            svc.calibration_groups, GroupCalibration, sweep_after=calibration.group_sweep_after
+        ),
         "hours": DecodedStates(svc.calibration_hours, HourBucket),
     }
 
@@ -253,29 +298,32 @@ def attach_agents(svc: Service) -> None:
     @app.timer(interval=settings.sweep_interval_seconds)
     async def sweep_expired_state() -> None:
         """Drop traces idle past their TTL and claims past theirs (event time, this worker's partitions)."""
+        started = time.perf_counter()
         expired_traces = [
             (key, state.partition)
-            for key, raw in list(svc.traces.items())
-            if svc.trace_stage.expired(state := TraceState.model_validate_json(raw))
+            for key, state in traces.due(svc.trace_stage.clock.passed)
+            if svc.trace_stage.expired(state)
         ]
         for key, partition in expired_traces:
             svc.traces.set_from(key, None, partition)
             traces.forget(key)
         expired_claims = [
             key
-            for key, raw in list(svc.claims.items())
-            if svc.claim_stage.expired(key, ClaimNode.model_validate_json(raw))
+            for key, node in claims.due(svc.claim_stage.clock.passed)
+            if svc.claim_stage.expired(key, node)
         ]
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
         unmatched = _sweep_calibration(svc, calibration_states)
-        svc.metrics.table_keys.labels("traces").set(len(svc.traces))
-        svc.metrics.table_keys.labels("agent-history").set(len(svc.agents_history))
-        svc.metrics.table_keys.labels("claims").set(len(svc.claims))
-        svc.metrics.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
-        svc.metrics.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
-        svc.metrics.table_keys.labels("calibration-hours").set(len(svc.calibration_hours))
+        m = svc.metrics
+        m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
+        m.table_keys.labels("traces").set(len(svc.traces))
+        m.table_keys.labels("agent-history").set(len(svc.agents_history))
+        m.table_keys.labels("claims").set(len(svc.claims))
+        m.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
+        m.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
+        m.table_keys.labels("calibration-hours").set(len(svc.calibration_hours))
         if expired_traces or expired_claims:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
@@ -300,8 +348,7 @@ def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) ->
     stage = svc.calibration_stage
     unmatched = 0
     subjects = states["subjects"]
-    for key, raw in list(svc.calibration_subjects.items()):
-        entry = SubjectEntry.model_validate_json(raw)
+    for key, entry in subjects.due(stage.clock.passed):
         kept, dropped = stage.sweep_subject(key, entry)
         unmatched += dropped
         if kept is None:
@@ -310,8 +357,7 @@ def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) ->
         elif kept is not entry:
             svc.calibration_subjects.set_from(key, subjects.encode(key, kept), stage.partition_of(key))
     svc.metrics.outcomes_unmatched.inc(unmatched)
-    for key, raw in list(svc.calibration_groups.items()):
-        group = GroupCalibration.model_validate_json(raw)
+    for key, group in states["groups"].due(stage.clock.passed):
         if stage.group_expired(key, group):
             partition = stage.partition_of(key)
             for hour in group.hours:

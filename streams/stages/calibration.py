@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import orjson
@@ -364,6 +364,20 @@ class CalibrationStage:
             subject=subject, applied=entry.applied if subject else (), waiting=still_waiting
         ), unmatched
 
+    def subject_sweep_after(self, key: bytes, entry: SubjectEntry) -> tuple[int, datetime]:
+        """(partition, event time) before which `sweep_subject` would keep the entry as it is."""
+        wait = timedelta(hours=self.settings.calibration_outcome_wait_hours)
+        moments = [o.timestamp + wait for o in entry.waiting]
+        if entry.subject is not None:
+            join_window = timedelta(hours=self.settings.calibration_join_window_hours)
+            moments.append(entry.subject.event_time + join_window)
+        # Neither (not written by the stage): due at once, and `sweep_subject` deletes it.
+        return self.partition_of(key), min(moments, default=datetime.min.replace(tzinfo=UTC))
+
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
         """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""
-        return self.clock.idle_longer_than(self.partition_of(key), group.newest, self.window)
+        return self.clock.passed(*self.group_sweep_after(key, group))
+
+    def group_sweep_after(self, key: bytes, group: GroupCalibration) -> tuple[int, datetime]:
+        """(partition, event time) before which the group is not expired."""
+        return self.partition_of(key), group.newest + self.window

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import orjson
 
@@ -127,7 +127,11 @@ class ClaimStage:
     def expired(self, key: bytes, node: claim_graph.ClaimNode) -> bool:
         """Claims (and stubs) live `claim_ttl_days` of event time after their last update, measured
         against their tenant's partition's newest claim event time."""
+        after = self.sweep_after(key, node)
+        return after is not None and self.clock.passed(*after)
+
+    def sweep_after(self, key: bytes, node: claim_graph.ClaimNode) -> tuple[int, datetime] | None:
+        """(partition, event time) before which the sweep need not look at this node; None: never."""
         if node.last_event_time is None:
-            return False
-        ttl = timedelta(days=self.settings.claim_ttl_days)
-        return self.clock.idle_longer_than(self.partition_of(key), node.last_event_time, ttl)
+            return None
+        return self.partition_of(key), node.last_event_time + timedelta(days=self.settings.claim_ttl_days)

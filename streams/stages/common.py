@@ -77,8 +77,12 @@ class ExpiryClock:
             sources[source] = bounded
 
     def idle_longer_than(self, partition: int, last_event_time: datetime, ttl: timedelta) -> bool:
+        return self.passed(partition, last_event_time + ttl)
+
+    def passed(self, partition: int, moment: datetime) -> bool:
+        """True once the partition's event time (its oldest source's newest) is past `moment`."""
         sources = self._newest.get(partition)
-        return bool(sources) and min(sources.values()) - last_event_time > ttl
+        return bool(sources) and min(sources.values()) > moment
 
 
 @functools.lru_cache(maxsize=65536)  # pure Python murmur2 per record showed in profiles

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
@@ -283,9 +283,11 @@ class TraceStage:
 
     def expired(self, state: TraceState) -> bool:
         """Idle longer than the trace TTL, measured against its partition's newest event time."""
-        return self.clock.idle_longer_than(
-            state.partition, state.last_event_time, timedelta(hours=self.settings.trace_ttl_hours)
-        )
+        return self.clock.passed(*self.sweep_after(b"", state))
+
+    def sweep_after(self, key: bytes, state: TraceState) -> tuple[int, datetime]:
+        """(partition, event time) before which the sweep need not look at this trace."""
+        return state.partition, state.last_event_time + timedelta(hours=self.settings.trace_ttl_hours)
 
 
 def claim_definition(event: ClaimEvent) -> claim_graph.ClaimDefinition:
