@@ -29,6 +29,7 @@ from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
 from streams.stages.calibration import CalibrationWrite, Table, hour_key
 from streams.stages.claims import ClaimWrite
+from streams.stages.common import bundle, unbundle
 from streams.state import AgentHistory, GroupCalibration, HourBucket, SubjectEntry, TraceState
 
 __all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
@@ -120,11 +121,12 @@ class DecodedStates(Generic[M]):
             self._due[key] = (raw, self.sweep_after(key, value))
 
 
-def _records(events: Sequence[faust.EventT[bytes]]) -> list[InputRecord]:
-    return [
+def _records(events: Sequence[faust.EventT[bytes]], bundled: bool) -> list[InputRecord]:
+    records = [
         InputRecord(e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value)
         for e in events
     ]
+    return [one for record in records for one in unbundle(record)] if bundled else records
 
 
 def stop_worker(svc: Service, reason: str) -> None:
@@ -157,10 +159,14 @@ async def _hold_unacknowledged() -> None:
 class BatchRunner:
     """Runs one stage's batches with the at-least-once order: outputs, then state, then ack."""
 
-    def __init__(self, svc: Service, agent: str, *tables: AckedTable) -> None:
+    def __init__(self, svc: Service, agent: str, *tables: AckedTable, bundled_input: bool = False) -> None:
         self.svc = svc
         self.agent = agent
         self.tables = tables
+        self.bundled_input = bundled_input  # an internal topic: records are bundles (stages.bundle)
+        settings = svc.settings
+        self.internal_topics = frozenset(settings.internal_topics)
+        self.max_bundle_bytes = settings.producer_max_batch_bytes
 
     async def run(
         self,
@@ -170,7 +176,8 @@ class BatchRunner:
     ) -> None:
         settings = self.svc.settings
         try:
-            async for events in stream.noack_take(settings.batch_size, within=settings.batch_within_seconds):
+            take = settings.internal_batch_records if self.bundled_input else settings.batch_size
+            async for events in stream.noack_take(take, within=settings.batch_within_seconds):
                 if self.svc.health.fatal is not None:
                     await _hold_unacknowledged()  # another agent failed: acknowledge nothing more
                 try:
@@ -196,7 +203,8 @@ class BatchRunner:
         batch = self.svc.faults.next_batch(self.agent)
         m = self.svc.metrics
         started = time.perf_counter()
-        outputs, states = process(_records(events))
+        outputs, states = process(_records(events, self.bundled_input))
+        outputs = bundle(outputs, self.internal_topics, self.max_bundle_bytes)
         processed = time.perf_counter()
         self._inject("send", batch)
         await self._acknowledged([await self._send(record) for record in outputs])
@@ -276,20 +284,20 @@ def attach_agents(svc: Service) -> None:
 
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "score-responses", svc.agents_history).run(
+        await BatchRunner(svc, "score-responses", svc.agents_history, bundled_input=True).run(
             stream, lambda records: svc.agent_stage.process(records, histories.load), write_history
         )
 
     @app.agent(svc.claims_topic, name="score-claims")
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "score-claims", svc.claims).run(
+        await BatchRunner(svc, "score-claims", svc.claims, bundled_input=True).run(
             stream, lambda records: svc.claim_stage.process(records, claims.load), write_claim
         )
 
     @app.agent(svc.calibration_topic, name="calibrate")
     async def calibrate(stream: faust.StreamT[bytes]) -> None:
         tables = (svc.calibration_subjects, svc.calibration_groups, svc.calibration_hours)
-        await BatchRunner(svc, "calibrate", *tables).run(
+        await BatchRunner(svc, "calibrate", *tables, bundled_input=True).run(
             stream,
             lambda records: svc.calibration_stage.process(records, load_calibration),
             write_calibration,

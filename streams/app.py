@@ -159,15 +159,17 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     metrics = metrics_module.create(registry, settings.metrics_label_cap)
     configs = scoring_configs(settings)
     input_topic = app.topic(*settings.input_topic_names, key_type=bytes, value_type=bytes)
-    responses_topic = app.topic(
-        settings.responses_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
-    )
-    claims_topic = app.topic(
-        settings.claims_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
-    )
-    calibration_topic = app.topic(
-        settings.calibration_topic, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions
-    )
+
+    def internal_topic(name: str) -> faust.TopicT:
+        # Its records are bundles: buffer as many as two batches take, like the input's stream.
+        maxsize = 2 * settings.internal_batch_records
+        return app.topic(
+            name, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions, maxsize=maxsize
+        )
+
+    responses_topic = internal_topic(settings.responses_topic)
+    claims_topic = internal_topic(settings.claims_topic)
+    calibration_topic = internal_topic(settings.calibration_topic)
     output_topics = tuple(
         app.topic(name, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions)
         for name in (settings.scored_topic, settings.flagged_topic, settings.dlq_topic)

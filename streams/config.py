@@ -201,6 +201,16 @@ class Settings(BaseSettings):
         return f"{self.app_id}-calibration-by-tenant"
 
     @property
+    def internal_batch_records(self) -> int:
+        """Records an internal-topic agent takes per batch (and buffers, twice that).
+
+        Internal records are bundles of up to one upstream batch's messages (streams.stages.bundle),
+        so a lagging stage takes about as many messages per batch as an input batch holds, not
+        `batch_size` bundles of them.
+        """
+        return max(1, self.batch_size // 100)
+
+    @property
     def internal_topics(self) -> tuple[str, ...]:
         """The repartition topics between stages (written and read only by the workers)."""
         return (self.responses_topic, self.claims_topic, self.calibration_topic)

@@ -27,6 +27,7 @@ from streams.stages.common import (
     Outputs,
     Record,
     is_flagged,
+    key_partition,
     now,
     with_scored_at,
     without_scored_at,
@@ -241,7 +242,12 @@ class TraceStage:
 
     def _send_pending(self, pending: PendingResponse, out: Outputs) -> None:
         key = table_key(pending.event.tenant_id, pending.event.agent_name)
-        out.records.append(Record(self.settings.responses_topic, key, pending.model_dump_json().encode()))
+        partition = key_partition(key, self.settings.topic_partitions)  # the key's, as Kafka would pick
+        out.records.append(
+            Record(
+                self.settings.responses_topic, key, pending.model_dump_json().encode(), partition=partition
+            )
+        )
 
     # --- CLAIM -> remembered for synthesis + forward to the claim stage --------------------------------
 
