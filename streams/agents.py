@@ -23,7 +23,8 @@ from typing import Any, Generic, TypeVar
 import faust
 from pydantic import BaseModel
 
-from streams.app import AckedTable, Service, publish
+from streams.app import AckedTable, Service
+from streams.batch_send import RecordBatches, changelog_records, output_records
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
@@ -207,25 +208,21 @@ class BatchRunner:
         outputs = bundle(outputs, self.internal_topics, self.max_bundle_bytes)
         processed = time.perf_counter()
         self._inject("send", batch)
-        await self._acknowledged([await self._send(record) for record in outputs])
+        await self._acknowledged(await self.sender().send(output_records(outputs)))
         sent = time.perf_counter()
         for key, state in states.items():
             write(key, state)
             self._inject("table", batch)
         # Taken from every table before the first await, so a sweep cannot take (and not wait for) them.
         changelog = [record for table in self.tables for record in table.take_changelog()]
-        await self._acknowledged(await publish(changelog))
+        await self._acknowledged(await self.sender().send(changelog_records(changelog)))
         stored = time.perf_counter()
         m.child(m.batch_seconds, self.agent, "process").observe(processed - started)
         m.child(m.batch_seconds, self.agent, "outputs").observe(sent - processed)
         m.child(m.batch_seconds, self.agent, "state").observe(stored - sent)
 
-    async def _send(self, record: Record) -> Awaitable[Any]:
-        producer = self.svc.app.producer
-        future: Awaitable[Any] = await producer.send(
-            record.topic, record.key, record.value, record.partition, None, record.headers
-        )
-        return future
+    def sender(self) -> RecordBatches:
+        return RecordBatches(self.svc.app.producer._ensure_producer())  # the started aiokafka producer
 
     async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
         if futures:
@@ -337,14 +334,15 @@ def attach_agents(svc: Service) -> None:
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
             )
         # Sweep deletions are not tied to an input offset: published, not waited for.
-        for table in (
+        tables = (
             svc.traces,
             svc.claims,
             svc.calibration_subjects,
             svc.calibration_groups,
             svc.calibration_hours,
-        ):
-            await publish(table.take_changelog())
+        )
+        deletions = changelog_records(record for table in tables for record in table.take_changelog())
+        await RecordBatches(app.producer._ensure_producer()).send(deletions)
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,16 +17,17 @@ from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, TraceStage
 from streams.transport import FetchWaitApp
 
-__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app", "publish"]
+__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
 
 
 class AckedTable(faust.Table):  # type: ignore[misc]
     """A table whose changelog records the agent publishes itself, and waits for the broker to have.
 
     An offset must not be committed before the state change it caused is stored (at-least-once), so
-    the agents await `publish_changelog()`. Faust's own path (`send_soon` into its producer buffer,
-    drained by a background task) cost 12-50 ms per batch at 400 events/s; publishing directly, as the
-    outputs are, makes the state step as fast as the output step.
+    the agents send what `take_changelog()` returns and await the acks (streams/batch_send.py).
+    Faust's own path (`send_soon` into its producer buffer, drained by a background task) cost 12-50
+    ms per batch at 400 events/s; sent directly, as the outputs are, the state step is as fast as the
+    output step.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -56,14 +56,9 @@ class AckedTable(faust.Table):  # type: ignore[misc]
         return future
 
     def take_changelog(self) -> list[FutureMessage]:
-        """The changelog records written since the last call, not sent yet (see `publish`)."""
+        """The changelog records written since the last call, not sent yet (see streams/batch_send.py)."""
         unsent, self._unsent = self._unsent, []
         return unsent
-
-
-async def publish(records: list[FutureMessage]) -> list[asyncio.Future[Any]]:
-    """Send changelog records taken from tables; each returned future resolves on the broker's ack."""
-    return [await record.message.channel.publish_message(record, wait=False) for record in records]
 
 
 class SourcePartitionedTable(AckedTable):
