@@ -93,12 +93,12 @@ class DecodedStates(Generic[M]):
 
     def due(self, passed: Callable[[int, datetime], bool]) -> list[tuple[bytes, M]]:
         """The keys whose sweep moment `passed`, decoded; the others are skipped without decoding."""
+        assert self.sweep_after is not None, "due() needs sweep_after"
         due: list[tuple[bytes, M]] = []
         for key, raw in list(self.table.items()):
             known = self._due.get(key)
             if known is None or known[0] is not raw:  # restored, or not seen since the last write
-                self._model(key, raw)
-                known = self._due[key]
+                known = self._due[key] = (raw, self.sweep_after(key, self._model(key, raw)))
             if known[1] is not None and passed(*known[1]):
                 due.append((key, self._model(key, raw)))
         if len(self._due) > len(self.table):  # keys that left with a partition or a restore

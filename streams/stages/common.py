@@ -117,11 +117,12 @@ def bundle(records: list[Record], topics: Collection[str], max_bytes: int) -> li
     """
     kept: list[Record] = []
     bundles: list[Record] = []
-    open_bundles: dict[tuple[str, int], tuple[list[bytes], list[int]]] = {}  # parts, [bytes so far]
+    parts_of: dict[tuple[str, int], list[bytes]] = {}  # the open bundle per (topic, partition)
+    size_of: dict[tuple[str, int], int] = {}
 
-    def close(topic: str, partition: int) -> None:
-        parts, _ = open_bundles.pop((topic, partition))
-        bundles.append(Record(topic, b"", b"\n".join(parts), partition=partition))
+    def close(where: tuple[str, int]) -> None:
+        size_of.pop(where)
+        bundles.append(Record(where[0], b"", b"\n".join(parts_of.pop(where)), partition=where[1]))
 
     for record in records:
         if record.topic not in topics:
@@ -130,13 +131,12 @@ def bundle(records: list[Record], topics: Collection[str], max_bytes: int) -> li
         if record.partition is None:
             raise ValueError(f"a record for {record.topic} needs an explicit partition to be bundled")
         where = (record.topic, record.partition)
-        if where in open_bundles and open_bundles[where][1][0] + 1 + len(record.value) > max_bytes:
-            close(*where)
-        parts, size = open_bundles.setdefault(where, ([], [-1]))
-        parts.append(record.value)
-        size[0] += 1 + len(record.value)
-    for topic, partition in list(open_bundles):
-        close(topic, partition)
+        if where in parts_of and size_of[where] + 1 + len(record.value) > max_bytes:
+            close(where)
+        parts_of.setdefault(where, []).append(record.value)
+        size_of[where] = size_of.get(where, -1) + 1 + len(record.value)  # newline-separated
+    for where in list(parts_of):
+        close(where)
     return [*kept, *bundles]
 
 
