@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from streams.events import LlmResponse, OutcomeEvent, ScoreKind, SubjectType
 from streams.scoring.calibration import ActionStats, BinStats
@@ -92,7 +92,13 @@ class AgentHistory(BaseModel):
     tenant_id: str
     agent_name: str
     agent_type: str
-    entries: tuple[HistoryEntry, ...] = ()
+    entries: tuple[HistoryEntry, ...] = Field((), description="Sorted by event time (stage 2 bisects).")
+
+    @field_validator("entries")
+    @classmethod
+    def _sorted_by_event_time(cls, entries: tuple[HistoryEntry, ...]) -> tuple[HistoryEntry, ...]:
+        # Histories written before entries were kept sorted (out-of-order responses were appended).
+        return tuple(sorted(entries, key=lambda e: e.event_time))
 
 
 class ClaimMessage(BaseModel):

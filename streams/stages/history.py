@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.events import (
@@ -28,6 +30,17 @@ from streams.state import (
 )
 
 __all__ = ["AgentStage"]
+
+_EVENT_TIME = operator.attrgetter("event_time")
+
+
+def _between(
+    entries: tuple[HistoryEntry, ...], start: datetime, end: datetime, inclusive: bool = False
+) -> tuple[HistoryEntry, ...]:
+    """The entries (sorted by event time) with start <= event_time < end (<= end if `inclusive`)."""
+    low = bisect.bisect_left(entries, start, key=_EVENT_TIME)
+    bound = bisect.bisect_right if inclusive else bisect.bisect_left
+    return entries[low : bound(entries, end, lo=low, key=_EVENT_TIME)]
 
 
 class AgentStage:
@@ -69,14 +82,21 @@ class AgentStage:
         self, history: AgentHistory, pending: PendingResponse, record: InputRecord, out: Outputs
     ) -> AgentHistory:
         event = pending.event
-        known = next((e for e in history.entries if e.event_id == event.event_id), None)
+        entries = history.entries  # sorted by event time (see below), so windows are found by bisection
+        # A re-delivered response has the same event time: only entries at that time can be it.
+        same_time = _between(entries, event.timestamp, event.timestamp, inclusive=True)
+        known = next((e for e in same_time if e.event_id == event.event_id), None)
         if known is not None:
             history_factor = known.history_score
         else:
+            window = timedelta(hours=self.settings.history_window_hours)
             history_factor = composite.history_score(
-                [(e.event_time, e.threshold_met) for e in history.entries],
+                [
+                    (e.event_time, e.threshold_met)
+                    for e in _between(entries, event.timestamp - window, event.timestamp)
+                ],
                 event.timestamp,
-                timedelta(hours=self.settings.history_window_hours),
+                window,
             )
         output = self._scored(pending, history_factor)
         out.emit(output, event.trace_id.encode(), is_flagged(output), pending.received_at)
@@ -94,11 +114,14 @@ class AgentStage:
             blocked=bool(comp["should_block"]),
             history_score=history_factor,
         )
-        newest = max([event.timestamp, *(e.event_time for e in history.entries)])
+        newest = max(event.timestamp, entries[-1].event_time) if entries else event.timestamp
         horizon = newest - timedelta(hours=self.settings.history_retention_hours)
-        entries = tuple(e for e in (*history.entries, entry) if e.event_time >= horizon)
-        self._observe(pending, output, entries)
-        return history.model_copy(update={"entries": entries, "agent_type": event.agent_type})
+        # Kept sorted: the new entry goes after those with the same or an earlier time.
+        at = bisect.bisect_right(entries, event.timestamp, key=_EVENT_TIME)
+        kept = (*entries[:at], entry, *entries[at:])
+        kept_entries = kept[bisect.bisect_left(kept, horizon, key=_EVENT_TIME) :]
+        self._observe(pending, output, kept_entries)
+        return history.model_copy(update={"entries": kept_entries, "agent_type": event.agent_type})
 
     def _scored(self, pending: PendingResponse, history_factor: float) -> dict[str, object]:
         event = pending.event
@@ -215,7 +238,7 @@ class AgentStage:
         if comp["should_block"]:
             m.child(m.composite_blocked, m.labels("agent_type", event.agent_type.lower())).inc()
         window_start = event.timestamp - timedelta(hours=self.settings.history_window_hours)
-        recent = [e for e in entries if e.event_time >= window_start]
+        recent = entries[bisect.bisect_left(entries, window_start, key=_EVENT_TIME) :]
         if recent:
             m.child(
                 m.agent_success_rate, m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
