@@ -813,7 +813,7 @@ def _ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "n/a"
 
 
-WORKDIR = ""
+WORKDIR: str | None = None  # set by main(); None (the system temp dir) when functions are used directly
 
 
 class Machine:
