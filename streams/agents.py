@@ -84,6 +84,8 @@ class DecodedStates(Generic[M]):
         """The bytes to write for `value` (remembered with it, so the next load skips decoding)."""
         raw = value.model_dump_json().encode()
         self._remember(key, raw, value)
+        if self.sweep_after is not None:
+            self._note_due(key, raw, value)
         return raw
 
     def forget(self, key: bytes) -> None:
@@ -93,12 +95,11 @@ class DecodedStates(Generic[M]):
 
     def due(self, passed: Callable[[int, datetime], bool]) -> list[tuple[bytes, M]]:
         """The keys whose sweep moment `passed`, decoded; the others are skipped without decoding."""
-        assert self.sweep_after is not None, "due() needs sweep_after"
         due: list[tuple[bytes, M]] = []
         for key, raw in list(self.table.items()):
             known = self._due.get(key)
-            if known is None or known[0] is not raw:  # restored, or not seen since the last write
-                known = self._due[key] = (raw, self.sweep_after(key, self._model(key, raw)))
+            if known is None or known[0] is not raw:  # restored, or written without `encode`
+                known = self._note_due(key, raw, self._model(key, raw))
             if known[1] is not None and passed(*known[1]):
                 due.append((key, self._model(key, raw)))
         if len(self._due) > len(self.table):  # keys that left with a partition or a restore
@@ -118,8 +119,11 @@ class DecodedStates(Generic[M]):
         self._decoded.move_to_end(key)
         while len(self._decoded) > self.max_entries:
             self._decoded.popitem(last=False)
-        if self.sweep_after is not None:
-            self._due[key] = (raw, self.sweep_after(key, value))
+
+    def _note_due(self, key: bytes, raw: bytes, value: M) -> tuple[bytes, tuple[int, datetime] | None]:
+        assert self.sweep_after is not None, "the sweep index needs sweep_after"
+        known = self._due[key] = (raw, self.sweep_after(key, value))
+        return known
 
 
 def _records(events: Sequence[faust.EventT[bytes]], bundled: bool) -> list[InputRecord]:

@@ -347,14 +347,12 @@ class CalibrationStage:
     def sweep_subject(self, key: bytes, entry: SubjectEntry) -> tuple[SubjectEntry | None, int]:
         """(what to keep of an entry or None to delete it, how many waiting outcomes became unmatched)."""
         partition = self.partition_of(key)
-        wait = timedelta(hours=self.settings.calibration_outcome_wait_hours)
         still_waiting = tuple(
-            o for o in entry.waiting if not self.clock.idle_longer_than(partition, o.timestamp, wait)
+            o for o in entry.waiting if not self.clock.passed(partition, self._wait_until(o))
         )
         unmatched = len(entry.waiting) - len(still_waiting)
         subject = entry.subject
-        join_window = timedelta(hours=self.settings.calibration_join_window_hours)
-        if subject is not None and self.clock.idle_longer_than(partition, subject.event_time, join_window):
+        if subject is not None and self.clock.passed(partition, self._join_until(subject)):
             subject = None
         if subject is None and not still_waiting:
             return None, unmatched
@@ -366,13 +364,19 @@ class CalibrationStage:
 
     def subject_sweep_after(self, key: bytes, entry: SubjectEntry) -> tuple[int, datetime]:
         """(partition, event time) before which `sweep_subject` would keep the entry as it is."""
-        wait = timedelta(hours=self.settings.calibration_outcome_wait_hours)
-        moments = [o.timestamp + wait for o in entry.waiting]
+        moments = [self._wait_until(o) for o in entry.waiting]
         if entry.subject is not None:
-            join_window = timedelta(hours=self.settings.calibration_join_window_hours)
-            moments.append(entry.subject.event_time + join_window)
+            moments.append(self._join_until(entry.subject))
         # Neither (not written by the stage): due at once, and `sweep_subject` deletes it.
         return self.partition_of(key), min(moments, default=datetime.min.replace(tzinfo=UTC))
+
+    def _wait_until(self, outcome: OutcomeEvent) -> datetime:
+        """An early outcome waits this long (event time) for its score, then counts as unmatched."""
+        return outcome.timestamp + timedelta(hours=self.settings.calibration_outcome_wait_hours)
+
+    def _join_until(self, subject: CalibrationSubject) -> datetime:
+        """A score can be joined with an outcome until this event time."""
+        return subject.event_time + timedelta(hours=self.settings.calibration_join_window_hours)
 
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
         """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""

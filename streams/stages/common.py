@@ -80,9 +80,6 @@ class ExpiryClock:
         if current is None or bounded > current:
             sources[source] = bounded
 
-    def idle_longer_than(self, partition: int, last_event_time: datetime, ttl: timedelta) -> bool:
-        return self.passed(partition, last_event_time + ttl)
-
     def passed(self, partition: int, moment: datetime) -> bool:
         """True once the partition's event time (its oldest source's newest) is past `moment`."""
         sources = self._newest.get(partition)

@@ -85,8 +85,8 @@ def test_expiry_clock_is_per_partition_and_a_watermark_over_sources() -> None:
     clock.saw(0, t0 + 10 * hour, source=0)
     clock.saw(0, t0 + 2 * hour, source=1)  # a lagging upstream partition holds the clock back
     clock.saw(1, t0 + 10 * hour)
-    assert not clock.idle_longer_than(0, t0, 3 * hour)  # oldest source: 2 h, within 3 h
-    assert clock.idle_longer_than(1, t0, 3 * hour)  # partition 1's own clock: 10 h
-    assert not clock.idle_longer_than(2, t0, timedelta(0))  # a partition never seen expires nothing
+    assert not clock.passed(0, t0 + 3 * hour)  # oldest source: 2 h, within 3 h
+    assert clock.passed(1, t0 + 3 * hour)  # partition 1's own clock: 10 h
+    assert not clock.passed(2, t0)  # a partition never seen expires nothing
     clock.saw(1, datetime(2999, 1, 1, tzinfo=UTC))  # far future: bounded by the wall clock + 1 h
-    assert not clock.idle_longer_than(1, datetime.now(UTC) - hour, 3 * hour)
+    assert not clock.passed(1, datetime.now(UTC) - hour + 3 * hour)
