@@ -226,7 +226,7 @@ class BatchRunner:
         m.child(m.batch_seconds, self.agent, "state").observe(stored - sent)
 
     def sender(self) -> RecordBatches:
-        return RecordBatches(self.svc.app.producer._ensure_producer())  # the started aiokafka producer
+        return RecordBatches.of(self.svc.app)
 
     async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
         if futures:
@@ -346,7 +346,7 @@ def attach_agents(svc: Service) -> None:
             svc.calibration_hours,
         )
         deletions = changelog_records(record for table in tables for record in table.take_changelog())
-        await RecordBatches(app.producer._ensure_producer()).send(deletions)
+        await RecordBatches.of(app).send(deletions)
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 

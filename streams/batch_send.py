@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import faust
 from aiokafka import AIOKafkaProducer
 from faust.types import FutureMessage
 
@@ -56,6 +57,11 @@ class RecordBatches:
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
 
+    @classmethod
+    def of(cls, app: faust.App) -> RecordBatches:
+        """For the started app's aiokafka producer (Faust exposes it only through `_ensure_producer`)."""
+        return cls(app.producer._ensure_producer())
+
     async def send(self, records: Iterable[Outgoing]) -> list[asyncio.Future[Any]]:
         """Queue `records` in order; one future per record batch, resolved on the broker's ack."""
         producer = self.producer
@@ -72,14 +78,14 @@ class RecordBatches:
             where = (record.topic, partition)
             batch = open_batches.get(where)
             if batch is None:
-                batch = open_batches[where] = producer.create_batch()
-            if (
+                batch = producer.create_batch()
+            while (
                 batch.append(key=record.key, value=record.value, timestamp=None, headers=record.headers)
                 is None
             ):
                 full.append((record.topic, partition, batch))  # full: a new batch takes this record on
-                batch = open_batches[where] = producer.create_batch()
-                batch.append(key=record.key, value=record.value, timestamp=None, headers=record.headers)
+                batch = producer.create_batch()  # (an empty batch always takes its first record)
+            open_batches[where] = batch
         batches = full + [(topic, partition, batch) for (topic, partition), batch in open_batches.items()]
         return [
             await producer.send_batch(batch, topic, partition=partition)
