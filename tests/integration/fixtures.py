@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.config import Settings, load_settings
 from streams.demo import encode
@@ -187,3 +188,13 @@ def count_of(
         return seen >= n
 
     return done
+
+
+async def create_plain_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    """Topics made the way someone else would make them: plain, replication 1, no configs."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
+    finally:
+        await admin.close()

@@ -12,21 +12,12 @@ import time
 import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.batch_send import Outgoing, RecordBatches
 from streams.harness import RunningBroker
+from tests.integration.fixtures import create_plain_topics
 
 PARTITIONS = 4
-
-
-async def _topics(bootstrap: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
-    finally:
-        await admin.close()
 
 
 async def _read(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list[tuple[int, object]]:
@@ -47,7 +38,7 @@ def test_batches_land_where_the_default_partitioner_puts_each_key_in_order(kafka
     async def run() -> None:
         bootstrap = kafka.bootstrap_servers
         batched, reference = f"batch-send-{uuid.uuid4().hex[:8]}", f"batch-send-ref-{uuid.uuid4().hex[:8]}"
-        await _topics(bootstrap, batched, reference)
+        await create_plain_topics(bootstrap, [batched, reference], PARTITIONS)
         # A small batch size, so one partition's records span several record batches.
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=16_384, linger_ms=0)
         await producer.start()

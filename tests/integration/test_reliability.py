@@ -20,14 +20,13 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.agents import EXIT_BATCH_FAILED
 from streams.config import load_settings
 from streams.demo_runner import worker_env
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, WorkerProcess
-from tests.integration.fixtures import Deployment, EventFactory, deploy, free_port
+from tests.integration.fixtures import Deployment, EventFactory, create_plain_topics, deploy, free_port
 
 
 def _traffic(tenant: str, n: int = 60) -> list[dict[str, Any]]:
@@ -167,15 +166,6 @@ def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
         d.stop()
 
 
-async def _create(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
-    finally:
-        await admin.close()
-
-
 def _platform_env(kafka: RunningBroker, **extra: str) -> dict[str, str]:
     suffix = f"-p{os.urandom(4).hex()}"
     workdir = os.path.join("/tmp", f"confidence-platform{suffix}")
@@ -193,7 +183,7 @@ def _public_topics_only(kafka: RunningBroker, **extra: str) -> Deployment:
         settings.flagged_topic,
         settings.dlq_topic,
     ]
-    asyncio.run(_create(kafka.bootstrap_servers, public, 1))
+    asyncio.run(create_plain_topics(kafka.bootstrap_servers, public, 1))
     return Deployment(kafka, "", settings, env, env["DATA_DIR"])
 
 
@@ -217,7 +207,7 @@ def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
 def test_partition_mismatch_stops_start_up_with_one_clear_line(kafka: RunningBroker) -> None:
     env = _platform_env(kafka, TOPIC_PARTITIONS="4")
     settings = load_settings(**{k.lower(): v for k, v in env.items()})
-    asyncio.run(_create(kafka.bootstrap_servers, [settings.input_topic_names[0]], 2))
+    asyncio.run(create_plain_topics(kafka.bootstrap_servers, [settings.input_topic_names[0]], 2))
     done = subprocess.run(
         [sys.executable, "-m", "streams.cli", "worker"],
         env={**os.environ, **env},
