@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import faust
 from pydantic import BaseModel
 
-from streams.app import AckedTable, Service
+from streams.app import AckedTable, Service, SourcePartitionedTable
 from streams.batch_send import RecordBatches, changelog_records, output_records
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
@@ -31,7 +31,15 @@ from streams.stages import InputRecord, Record
 from streams.stages.calibration import CalibrationWrite, Table, hour_key
 from streams.stages.claims import ClaimWrite
 from streams.stages.common import bundle, unbundle
-from streams.state import AgentHistory, GroupCalibration, HourBucket, SubjectEntry, TraceState
+from streams.stages.history import HistoryWrite
+from streams.state import (
+    AgentHistory,
+    GroupCalibration,
+    HistoryHour,
+    HourBucket,
+    SubjectEntry,
+    TraceState,
+)
 
 __all__ = ["EXIT_BATCH_FAILED", "attach_agents"]
 
@@ -60,7 +68,7 @@ class DecodedStates(Generic[M]):
 
     def __init__(
         self,
-        table: faust.Table,
+        table: SourcePartitionedTable,
         model: type[M],
         max_entries: int = 1024,
         sweep_after: SweepAfter[M] | None = None,
@@ -241,7 +249,10 @@ def attach_agents(svc: Service) -> None:
     app, settings = svc.app, svc.settings
     calibration = svc.calibration_stage
     traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
-    histories = DecodedStates(svc.agents_history, AgentHistory)
+    histories: dict[str, DecodedStates[Any]] = {
+        "summary": DecodedStates(svc.agents_history, AgentHistory),
+        "hours": DecodedStates(svc.agent_history_hours, HistoryHour),
+    }
     claims = DecodedStates(svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after)
     calibration_states: dict[Table, DecodedStates[Any]] = {
         # A score is read again only when its outcome arrives: caching its model would only hold memory.
@@ -260,19 +271,8 @@ def attach_agents(svc: Service) -> None:
     def write_trace(key: bytes, state: TraceState) -> None:
         svc.traces.set_from(key, traces.encode(key, state), state.partition)
 
-    def write_history(key: bytes, history: AgentHistory) -> None:
-        svc.agents_history[key] = histories.encode(key, history)
-
     def write_claim(key: bytes, write: ClaimWrite) -> None:
         svc.claims.set_from(key, claims.encode(key, write.node), write.partition)
-
-    def write_calibration(key: bytes, write: CalibrationWrite) -> None:
-        states = calibration_states[write.table]
-        if write.value is None:
-            states.table.set_from(key, None, write.partition)
-            states.forget(key)
-        else:
-            states.table.set_from(key, states.encode(key, write.value), write.partition)
 
     def load_calibration(table: Table, key: bytes) -> BaseModel | None:
         return calibration_states[table].load(key)
@@ -285,8 +285,13 @@ def attach_agents(svc: Service) -> None:
 
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "score-responses", svc.agents_history, bundled_input=True).run(
-            stream, lambda records: svc.agent_stage.process(records, histories.load), write_history
+        tables = (svc.agents_history, svc.agent_history_hours)
+        await BatchRunner(svc, "score-responses", *tables, bundled_input=True).run(
+            stream,
+            lambda records: svc.agent_stage.process(
+                records, histories["summary"].load, histories["hours"].load
+            ),
+            _writer(histories),
         )
 
     @app.agent(svc.claims_topic, name="score-claims")
@@ -301,7 +306,7 @@ def attach_agents(svc: Service) -> None:
         await BatchRunner(svc, "calibrate", *tables, bundled_input=True).run(
             stream,
             lambda records: svc.calibration_stage.process(records, load_calibration),
-            write_calibration,
+            _writer(calibration_states),
         )
 
     @app.timer(interval=settings.sweep_interval_seconds)
@@ -329,6 +334,7 @@ def attach_agents(svc: Service) -> None:
         m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
         m.table_keys.labels("traces").set(len(svc.traces))
         m.table_keys.labels("agent-history").set(len(svc.agents_history))
+        m.table_keys.labels("agent-history-hours").set(len(svc.agent_history_hours))
         m.table_keys.labels("claims").set(len(svc.claims))
         m.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
         m.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
@@ -351,6 +357,22 @@ def attach_agents(svc: Service) -> None:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 
     del score_events, score_responses, score_claims, calibrate, sweep_expired_state  # registered on the app
+
+
+def _writer(
+    states: Mapping[Any, DecodedStates[Any]],
+) -> Callable[[bytes, HistoryWrite | CalibrationWrite], None]:
+    """Writes a stage's (table, value or None to delete, partition) to the named table."""
+
+    def write(key: bytes, write: HistoryWrite | CalibrationWrite) -> None:
+        table = states[write.table]
+        if write.value is None:
+            table.table.set_from(key, None, write.partition)
+            table.forget(key)
+        else:
+            table.table.set_from(key, table.encode(key, write.value), write.partition)
+
+    return write
 
 
 def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) -> int:

@@ -104,7 +104,8 @@ class Service:
     calibration_topic: faust.TopicT
     output_topics: tuple[faust.TopicT, ...]
     traces: SourcePartitionedTable
-    agents_history: AckedTable
+    agents_history: SourcePartitionedTable
+    agent_history_hours: SourcePartitionedTable
     claims: SourcePartitionedTable
     calibration_subjects: SourcePartitionedTable
     calibration_groups: SourcePartitionedTable
@@ -184,19 +185,10 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         return created
 
     traces = table("traces", "Per-trace evidence, sub results, claims and remembered outputs.")
-    # The responses topic is produced by us with Kafka's default partitioner on the same key, so the
-    # partitioner puts each changelog record in the partition its key is consumed from.
-    agents_history = AckedTable(
-        app,
-        name="agent-history",
-        beacon=app.tables.beacon,
-        partitions=settings.topic_partitions,
-        key_type=bytes,
-        value_type=bytes,
-        use_partitioner=True,
-        help="Rolling per-(tenant, agent) response history.",
-    )
-    app.tables.add(agents_history)
+    # Keyed (tenant, agent) and (tenant, agent, hour); both written to the partition the agent's
+    # responses are consumed from, so an agent's summary and hours move together.
+    agents_history = table("agent-history", "Per (tenant, agent): per-hour response counts, newest time.")
+    agent_history_hours = table("agent-history-hours", "Per (tenant, agent, hour): that hour's responses.")
 
     # Claim nodes are keyed (tenant, claim) but consumed by tenant: changelog records follow the tenant.
     claims = table("claims", "Claim graph nodes per (tenant, claim_id), partitioned by tenant.")
@@ -225,6 +217,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         output_topics=output_topics,
         traces=traces,
         agents_history=agents_history,
+        agent_history_hours=agent_history_hours,
         claims=claims,
         calibration_subjects=calibration_subjects,
         calibration_groups=calibration_groups,

@@ -23,7 +23,9 @@ __all__ = [
     "ClaimMessage",
     "GroupCalibration",
     "HistoryEntry",
+    "HistoryHour",
     "HourBucket",
+    "HourCounts",
     "PendingResponse",
     "SubCallRecord",
     "SubjectEntry",
@@ -85,20 +87,46 @@ class HistoryEntry(BaseModel):
     history_score: float = Field(description="The history factor this response was scored with.")
 
 
+class HourCounts(BaseModel):
+    """How many responses an agent had in one hour of event time, and how many met their threshold."""
+
+    model_config = ConfigDict(frozen=True)
+    hour: int = Field(description="Hours since the Unix epoch (the hour starting at hour * 3600 s).")
+    total: int
+    met: int
+
+
 class AgentHistory(BaseModel):
-    """Rolling history of one (tenant, agent_name), pruned to the retention window of event time."""
+    """Summary of one (tenant, agent_name)'s rolling history: per-hour counts, newest event time.
+
+    The entries themselves live one hour per key in the agent-history-hours table (`HistoryHour`), so
+    a response rewrites its hour and this summary, not the agent's whole week (README "Performance").
+    """
 
     model_config = ConfigDict(frozen=True)
     tenant_id: str
     agent_name: str
     agent_type: str
-    entries: tuple[HistoryEntry, ...] = Field((), description="Sorted by event time (stage 2 bisects).")
+    newest: datetime | None = Field(None, description="Newest event time applied (retention is from it).")
+    hours: tuple[HourCounts, ...] = Field((), description="Hours with responses, ascending.")
+    entries: tuple[HistoryEntry, ...] = Field(
+        (),
+        description="Only in values written before the history was split by hour: moved to hour keys "
+        "on the agent's next response.",
+    )
 
     @field_validator("entries")
     @classmethod
     def _sorted_by_event_time(cls, entries: tuple[HistoryEntry, ...]) -> tuple[HistoryEntry, ...]:
         # Histories written before entries were kept sorted (out-of-order responses were appended).
         return tuple(sorted(entries, key=lambda e: e.event_time))
+
+
+class HistoryHour(BaseModel):
+    """One hour of an agent's responses (key: tenant, agent, hour)."""
+
+    model_config = ConfigDict(frozen=True)
+    entries: tuple[HistoryEntry, ...] = Field((), description="Sorted by event time (stage 2 bisects).")
 
 
 class ClaimMessage(BaseModel):

@@ -6,6 +6,7 @@ Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.app import Service
 from streams.scoring import calibration, claim_graph, evidence
-from streams.state import AgentHistory, GroupCalibration, TraceState, table_key
+from streams.stages.history import agent_entries
+from streams.state import AgentHistory, GroupCalibration, HistoryEntry, HistoryHour, TraceState, table_key
 
 __all__ = [
     "agent_statistics",
@@ -62,23 +64,30 @@ def claim_matches(
 
 
 def agent_statistics(
-    history: AgentHistory, hours: float, now: datetime, threshold: float
+    history: AgentHistory, recent: Iterable[HistoryEntry], hours: float, threshold: float
 ) -> dict[str, object]:
-    """Seed 004's `get_agent_statistics` over the last `hours` of event time before `now`."""
-    since = now - timedelta(hours=hours)
-    recent = [e for e in history.entries if e.event_time >= since]
-    total = len(recent)
+    """Seed 004's `get_agent_statistics` over `recent`, the agent's entries of the last `hours`."""
+    entries = list(recent)
+    total = len(entries)
     return {
         "tenant_id": history.tenant_id,
         "agent_name": history.agent_name,
         "agent_type": history.agent_type,
         "lookback_hours": hours,
         "total_executions": total,
-        "success_rate": (sum(e.threshold_met for e in recent) / total) if total else 0.0,
-        "average_confidence": (sum(e.composite for e in recent) / total) if total else 0.0,
-        "blocked_count": sum(e.blocked for e in recent),
+        "success_rate": (sum(e.threshold_met for e in entries) / total) if total else 0.0,
+        "average_confidence": (sum(e.composite for e in entries) / total) if total else 0.0,
+        "blocked_count": sum(e.blocked for e in entries),
         "threshold": threshold,
     }
+
+
+def _hour_loader(svc: Service) -> Callable[[bytes], HistoryHour | None]:
+    def load(key: bytes) -> HistoryHour | None:
+        raw = svc.agent_history_hours.get(key)
+        return None if raw is None else HistoryHour.model_validate_json(raw)
+
+    return load
 
 
 def attach_views(svc: Service) -> None:
@@ -207,14 +216,17 @@ def attach_views(svc: Service) -> None:
             if raw is None:
                 return _json(self.web, {"error": "unknown agent"}, 404)
             history = AgentHistory.model_validate_json(raw)
-            newest = max((e.event_time for e in history.entries), default=datetime.now(UTC))
+            newest = history.newest or max((e.event_time for e in history.entries), default=datetime.now(UTC))
             threshold = svc.configs.composite.threshold_for(history.agent_type)
-            # The window ends at the agent's newest event (event time), not the wall clock.
+            # The window ends at the agent's newest event (event time), not the wall clock, and
+            # reaches back at most as far as the history is kept.
             try:
-                stats = agent_statistics(history, hours, newest + timedelta(microseconds=1), threshold)
+                since = newest + timedelta(microseconds=1) - timedelta(hours=hours)
             except OverflowError:  # a window reaching past datetime's range
                 return _json(self.web, {"error": "hours is out of range"}, 400)
-            return _json(self.web, stats)
+            horizon = newest - timedelta(hours=svc.settings.history_retention_hours)
+            recent = agent_entries(history, _hour_loader(svc), max(since, horizon))
+            return _json(self.web, agent_statistics(history, recent, hours, threshold))
 
     @app.page("/calibration/{tenant_id}")
     class CalibrationView(View):  # type: ignore[misc]

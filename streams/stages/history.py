@@ -1,14 +1,25 @@
-"""Stage 2, keyed by (tenant, agent): the composite with the agent's rolling history -> RESPONSE_SCORED."""
+"""Stage 2, keyed by (tenant, agent): the composite with the agent's rolling history -> RESPONSE_SCORED.
+
+An agent's history is a summary (`AgentHistory`: per-hour counts and the newest event time) plus one
+key per hour of event time holding that hour's entries (`HistoryHour`). A response rewrites its own
+hour and the summary, never the agent's whole retained week; a count over a window adds whole hours
+from the summary and reads entries only for the (at most two) hours the window cuts.
+"""
 
 from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import orjson
 
 from streams.config import ScoringConfigs, Settings
 from streams.events import (
+    LlmResponse,
     PolicyInput,
     RejectionError,
     ResponseMetadata,
@@ -25,22 +36,169 @@ from streams.state import (
     CalibrationItem,
     CalibrationSubject,
     HistoryEntry,
+    HistoryHour,
+    HourCounts,
     PendingResponse,
     table_key,
 )
 
-__all__ = ["AgentStage"]
+__all__ = ["AgentStage", "HistoryWrite", "agent_entries", "hour_key"]
 
 _EVENT_TIME = operator.attrgetter("event_time")
+_HOUR_NUMBER = operator.attrgetter("hour")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_HOUR = timedelta(hours=1)
+
+HistoryTable = Literal["summary", "hours"]
+
+
+def hour_of(moment: datetime) -> int:
+    """Hours since the epoch (integer arithmetic: no float rounding at an hour's edge)."""
+    return (moment - _EPOCH) // _HOUR
+
+
+def _hour_start(hour: int) -> datetime:
+    return _EPOCH + hour * _HOUR
+
+
+def hour_key(tenant_id: str, agent_name: str, hour: int) -> bytes:
+    """Key of one hour of an agent's entries in the agent-history-hours table."""
+    return orjson.dumps([tenant_id, agent_name, hour])
 
 
 def _between(
-    entries: tuple[HistoryEntry, ...], start: datetime, end: datetime, inclusive: bool = False
+    entries: tuple[HistoryEntry, ...], start: datetime, end: datetime | None, inclusive: bool = False
 ) -> tuple[HistoryEntry, ...]:
     """The entries (sorted by event time) with start <= event_time < end (<= end if `inclusive`)."""
     low = bisect.bisect_left(entries, start, key=_EVENT_TIME)
+    if end is None:
+        return entries[low:]
     bound = bisect.bisect_right if inclusive else bisect.bisect_left
     return entries[low : bound(entries, end, lo=low, key=_EVENT_TIME)]
+
+
+@dataclass(frozen=True)
+class HistoryWrite:
+    """A value for the summary or an hour key (None deletes it), to the partition the agent is read from."""
+
+    table: HistoryTable
+    value: AgentHistory | HistoryHour | None
+    partition: int
+
+
+SummaryLoader = Callable[[bytes], AgentHistory | None]
+HourLoader = Callable[[bytes], HistoryHour | None]
+
+
+class _Agent:
+    """One agent's history while a response is applied; reads see the batch's earlier writes."""
+
+    def __init__(
+        self, event: LlmResponse, dirty: dict[bytes, HistoryWrite], load: SummaryLoader, load_hour: HourLoader
+    ) -> None:
+        self.tenant_id, self.agent_name = event.tenant_id, event.agent_name
+        self._dirty, self._load_hour = dirty, load_hour
+        key = table_key(self.tenant_id, self.agent_name)
+        written = dirty.get(key)
+        stored = written.value if written is not None else load(key)
+        assert stored is None or isinstance(stored, AgentHistory)
+        self.summary = stored or AgentHistory(
+            tenant_id=self.tenant_id, agent_name=self.agent_name, agent_type=event.agent_type
+        )
+        self._hours: dict[int, HistoryHour] = {}
+        self._changed: set[int] = set()
+        self._gone: list[int] = []
+        self._summary_changed = False
+        if self.summary.entries:  # a value of the old format (one list): split it by hour
+            self._split_by_hour()
+
+    def hour(self, number: int) -> HistoryHour:
+        if number not in self._hours:
+            key = hour_key(self.tenant_id, self.agent_name, number)
+            written = self._dirty.get(key)
+            stored = written.value if written is not None else self._load_hour(key)
+            assert stored is None or isinstance(stored, HistoryHour)
+            self._hours[number] = stored or HistoryHour()
+        return self._hours[number]
+
+    def add(self, entry: HistoryEntry) -> None:
+        """Insert `entry` in its hour, after the entries with the same or an earlier time, and count it."""
+        number = hour_of(entry.event_time)
+        entries = self.hour(number).entries
+        at = bisect.bisect_right(entries, entry.event_time, key=_EVENT_TIME)
+        self._hours[number] = HistoryHour(entries=(*entries[:at], entry, *entries[at:]))
+        self._changed.add(number)
+        hours = list(self.summary.hours)
+        at = bisect.bisect_left(hours, number, key=_HOUR_NUMBER)
+        if at < len(hours) and hours[at].hour == number:
+            old = hours[at]
+            hours[at] = HourCounts(hour=number, total=old.total + 1, met=old.met + entry.threshold_met)
+        else:
+            hours.insert(at, HourCounts(hour=number, total=1, met=int(entry.threshold_met)))
+        self.update(hours=tuple(hours))
+
+    def update(self, **fields: object) -> None:
+        self.summary = self.summary.model_copy(update=fields)
+        self._summary_changed = True
+
+    def drop_hours_before(self, horizon: datetime) -> None:
+        """Hours wholly before `horizon` leave; the hour it cuts stays (counts read it from the horizon)."""
+        gone = [c.hour for c in self.summary.hours if _hour_start(c.hour + 1) <= horizon]
+        if gone:
+            self._gone += gone
+            self._changed -= set(gone)
+            self.update(hours=self.summary.hours[len(gone) :])
+
+    def count(self, start: datetime, end: datetime | None) -> tuple[int, int]:
+        """(responses, those that met their threshold) with start <= event time < end (None: no end)."""
+        total = met = 0
+        for counts in self.summary.hours:
+            first, after = _hour_start(counts.hour), _hour_start(counts.hour + 1)
+            if after <= start or (end is not None and first >= end):
+                continue
+            if first >= start and (end is None or after <= end):
+                total, met = total + counts.total, met + counts.met
+            else:  # the window cuts this hour: count its entries
+                inside = _between(self.hour(counts.hour).entries, start, end)
+                total, met = total + len(inside), met + sum(e.threshold_met for e in inside)
+        return total, met
+
+    def writes(self, partition: int) -> dict[bytes, HistoryWrite]:
+        """What changed, once per key: hours, deleted hours, the summary."""
+        writes = {
+            hour_key(self.tenant_id, self.agent_name, n): HistoryWrite("hours", self._hours[n], partition)
+            for n in sorted(self._changed)
+        }
+        for number in self._gone:
+            writes[hour_key(self.tenant_id, self.agent_name, number)] = HistoryWrite("hours", None, partition)
+        if self._summary_changed:
+            key = table_key(self.tenant_id, self.agent_name)
+            writes[key] = HistoryWrite("summary", self.summary, partition)
+        return writes
+
+    def _split_by_hour(self) -> None:
+        entries = self.summary.entries
+        by_hour: dict[int, list[HistoryEntry]] = {}
+        for entry in entries:  # sorted by event time, so each hour's list is too
+            by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
+        self._hours = {n: HistoryHour(entries=tuple(hour)) for n, hour in by_hour.items()}
+        self._changed = set(by_hour)
+        counts = tuple(
+            HourCounts(hour=n, total=len(hour), met=sum(e.threshold_met for e in hour))
+            for n, hour in sorted(by_hour.items())
+        )
+        self.update(entries=(), hours=counts, newest=entries[-1].event_time)
+
+
+def agent_entries(summary: AgentHistory, load_hour: HourLoader, since: datetime) -> Iterator[HistoryEntry]:
+    """The agent's retained entries with event time >= `since`, in event-time order (the view's input)."""
+    if summary.entries:  # a value of the old format (one list), not rewritten yet
+        yield from _between(summary.entries, since, None)
+        return
+    for counts in summary.hours:
+        if _hour_start(counts.hour + 1) > since:
+            stored = load_hour(hour_key(summary.tenant_id, summary.agent_name, counts.hour))
+            yield from _between(stored.entries if stored else (), since, None)
 
 
 class AgentStage:
@@ -52,76 +210,69 @@ class AgentStage:
         self.metrics = metrics
 
     def process(
-        self, records: list[InputRecord], load: Callable[[bytes], AgentHistory | None]
-    ) -> tuple[list[Record], dict[bytes, AgentHistory]]:
-        """Process a batch in order; return records to send and the histories to write (once each)."""
+        self, records: list[InputRecord], load: SummaryLoader, load_hour: HourLoader
+    ) -> tuple[list[Record], dict[bytes, HistoryWrite]]:
+        """Process a batch in order; return records to send and the values to write (once per key)."""
         out = Outputs(self.settings, self.metrics)
-        dirty: dict[bytes, AgentHistory] = {}
+        dirty: dict[bytes, HistoryWrite] = {}
         for record in records:
-            out.guarded(record, "history stage", lambda r: self._one(r, load, dirty, out))
+            out.guarded(record, "history stage", lambda r: self._one(r, load, load_hour, dirty, out))
         return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(
         self,
         record: InputRecord,
-        load: Callable[[bytes], AgentHistory | None],
-        dirty: dict[bytes, AgentHistory],
+        load: SummaryLoader,
+        load_hour: HourLoader,
+        dirty: dict[bytes, HistoryWrite],
         out: Outputs,
     ) -> None:
         pending = PendingResponse.model_validate_json(record.value or b"")
-        event = pending.event
-        key = table_key(event.tenant_id, event.agent_name)
-        history = dirty.get(key) or load(key)
-        if history is None:
-            history = AgentHistory(
-                tenant_id=event.tenant_id, agent_name=event.agent_name, agent_type=event.agent_type
-            )
-        dirty[key] = self._apply(history, pending, record, out)
+        agent = _Agent(pending.event, dirty, load, load_hour)
+        self._apply(agent, pending, record, out)
+        # Only once the response was handled: a dead-lettered one changes nothing.
+        dirty.update(agent.writes(record.partition))
 
-    def _apply(
-        self, history: AgentHistory, pending: PendingResponse, record: InputRecord, out: Outputs
-    ) -> AgentHistory:
+    def _apply(self, agent: _Agent, pending: PendingResponse, record: InputRecord, out: Outputs) -> None:
         event = pending.event
-        entries = history.entries  # sorted by event time (see below), so windows are found by bisection
-        # A re-delivered response has the same event time: only entries at that time can be it.
-        same_time = _between(entries, event.timestamp, event.timestamp, inclusive=True)
+        when = event.timestamp
+        retention = timedelta(hours=self.settings.history_retention_hours)
+        window = timedelta(hours=self.settings.history_window_hours)
+        # Entries before the retention horizon count as gone (the hour it cuts is read from it on).
+        retained_from = when - window if agent.summary.newest is None else agent.summary.newest - retention
+        # A re-delivered response has the same event time: only entries of its hour at that time can be it.
+        same_time = _between(agent.hour(hour_of(when)).entries, when, when, inclusive=True)
         known = next((e for e in same_time if e.event_id == event.event_id), None)
-        if known is not None:
+        if known is not None and when >= retained_from:
             history_factor = known.history_score
         else:
-            window = timedelta(hours=self.settings.history_window_hours)
-            history_factor = composite.history_score(
-                [
-                    (e.event_time, e.threshold_met)
-                    for e in _between(entries, event.timestamp - window, event.timestamp)
-                ],
-                event.timestamp,
-                window,
-            )
+            known = None
+            total, met = agent.count(max(when - window, retained_from), when)
+            history_factor = met / total if total else 0.5  # seed 004's rule (composite.history_score)
         output = self._scored(pending, history_factor)
         out.emit(output, event.trace_id.encode(), is_flagged(output), pending.received_at)
         if self.settings.calibration_enabled:
             self._send_subject(pending, output, record, out)
         if known is not None:
-            return history
+            return
         comp = output["composite"]
         assert isinstance(comp, dict)
-        entry = HistoryEntry(
-            event_id=event.event_id,
-            event_time=event.timestamp,
-            threshold_met=bool(comp["threshold_met"]),
-            composite=float(comp["score"]),
-            blocked=bool(comp["should_block"]),
-            history_score=history_factor,
-        )
-        newest = max(event.timestamp, entries[-1].event_time) if entries else event.timestamp
-        horizon = newest - timedelta(hours=self.settings.history_retention_hours)
-        # Kept sorted: the new entry goes after those with the same or an earlier time.
-        at = bisect.bisect_right(entries, event.timestamp, key=_EVENT_TIME)
-        kept = (*entries[:at], entry, *entries[at:])
-        kept_entries = kept[bisect.bisect_left(kept, horizon, key=_EVENT_TIME) :]
-        self._observe(pending, output, kept_entries)
-        return history.model_copy(update={"entries": kept_entries, "agent_type": event.agent_type})
+        newest = when if agent.summary.newest is None else max(agent.summary.newest, when)
+        horizon = newest - retention
+        if when >= horizon:  # an older response is scored, not kept (it would be pruned at once)
+            agent.add(
+                HistoryEntry(
+                    event_id=event.event_id,
+                    event_time=when,
+                    threshold_met=bool(comp["threshold_met"]),
+                    composite=float(comp["score"]),
+                    blocked=bool(comp["should_block"]),
+                    history_score=history_factor,
+                )
+            )
+        agent.update(newest=newest, agent_type=event.agent_type)
+        agent.drop_hours_before(horizon)
+        self._observe(pending, output, agent.count(max(when - window, horizon), None))
 
     def _scored(self, pending: PendingResponse, history_factor: float) -> dict[str, object]:
         event = pending.event
@@ -210,9 +361,8 @@ class AgentStage:
             event.tenant_id, source, CalibrationItem(subject=subject, received_at=pending.received_at)
         )
 
-    def _observe(
-        self, pending: PendingResponse, output: dict[str, object], entries: tuple[HistoryEntry, ...]
-    ) -> None:
+    def _observe(self, pending: PendingResponse, output: dict[str, object], recent: tuple[int, int]) -> None:
+        """Metrics of one scored response; `recent` = (responses, met) of the agent's last window."""
         m = self.metrics
         event = pending.event
         labels = (
@@ -237,9 +387,8 @@ class AgentStage:
         assert isinstance(comp, dict)
         if comp["should_block"]:
             m.child(m.composite_blocked, m.labels("agent_type", event.agent_type.lower())).inc()
-        window_start = event.timestamp - timedelta(hours=self.settings.history_window_hours)
-        recent = entries[bisect.bisect_left(entries, window_start, key=_EVENT_TIME) :]
-        if recent:
+        total, met = recent
+        if total:
             m.child(
                 m.agent_success_rate, m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
-            ).set(sum(e.threshold_met for e in recent) / len(recent))
+            ).set(met / total)

@@ -1,9 +1,10 @@
-"""Stage 2's agent history (kept sorted, windows found by bisection) against a brute-force reference.
+"""Stage 2's agent history (a summary of hour counts + one key per hour) against a brute-force reference.
 
 Responses arrive in shuffled event-time order and some are re-delivered; after every input the history
-factor must equal seed 004's rule computed over every distinct response applied before it, the stored
-history must be sorted and hold each event id once, and a history stored unsorted (by an older
-version) must decode sorted.
+factor and the success-rate gauge must equal seed 004's rule computed over every distinct response
+applied before it and still retained, the stored hours must be sorted, hold each event id once, agree
+with the summary's counts, and hours wholly past the retention horizon must be deleted. A history
+stored in the old format (one list of entries, possibly unsorted) must be read and split by hour.
 """
 
 from __future__ import annotations
@@ -18,66 +19,182 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
-from streams.config import load_settings, scoring_configs
+from streams.config import Settings, load_settings, scoring_configs
 from streams.scoring import composite
 from streams.stages import AgentStage, InputRecord, TraceStage
-from streams.state import AgentHistory, HistoryEntry
+from streams.stages.history import HistoryWrite, agent_entries, hour_key, hour_of
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, table_key
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(seed: int) -> None:
+class Tables:
+    """The two history tables as the worker keeps them (a write of None deletes the key)."""
+
+    def __init__(self) -> None:
+        self.summary: dict[bytes, AgentHistory] = {}
+        self.hours: dict[bytes, HistoryHour] = {}
+
+    def apply(self, writes: dict[bytes, HistoryWrite]) -> None:
+        for key, write in writes.items():
+            table: dict[bytes, object] = self.summary if write.table == "summary" else self.hours  # type: ignore[assignment]
+            if write.value is None:
+                assert key in table, "a delete of a key that is not there"
+                del table[key]
+            else:
+                table[key] = write.value
+
+
+class Responses:
+    """Scored responses fed through stage 1 (as the worker does) and then stage 2."""
+
+    def __init__(self, settings: Settings, rng: random.Random) -> None:
+        self.settings = settings
+        self.rng = rng
+        configs = scoring_configs(settings)
+        self.trace_stage = TraceStage(settings, configs, metrics.create(CollectorRegistry()))
+        self.registry = CollectorRegistry()
+        self.stage = AgentStage(settings, configs, metrics.create(self.registry))
+        self.tables = Tables()
+        self.offset = 0
+
+    def score(self, event_id: str, when: datetime, good: bool | None = None) -> dict[str, object]:
+        # Half well supported (meets the planner's threshold, whatever the history), half not.
+        good = self.rng.random() < 0.5 if good is None else good
+        retrieval = [{"similarity": 0.99 if good else 0.2, "source": "s"}]
+        checks = {name: good for name in EXAMPLE["code_validation"]}
+        event = {
+            **EXAMPLE,
+            "event_id": event_id,
+            "timestamp": when.isoformat(),
+            "retrieval": retrieval,
+            "code_validation": checks,
+            "response": "The answer is definitely config/retry.yaml, verified in the code.",
+        }
+        self.offset += 1
+        out, _ = self.trace_stage.process(
+            [InputRecord("in", 0, self.offset, 1.0, orjson.dumps(event))], lambda k: None
+        )
+        forwarded = next(r.value for r in out if r.topic == self.settings.responses_topic)
+        record = InputRecord(self.settings.responses_topic, 0, self.offset, 1.0, forwarded)
+        outputs, writes = self.stage.process([record], self.tables.summary.get, self.tables.hours.get)
+        self.tables.apply(writes)
+        (scored,) = [orjson.loads(r.value) for r in outputs if r.topic == self.settings.scored_topic]
+        return scored  # type: ignore[no-any-return]
+
+    def success_rate(self) -> float | None:
+        return self.registry.get_sample_value(
+            "confidence_agent_success_rate",
+            {"tenant": EXAMPLE["tenant_id"], "agent": EXAMPLE["agent_name"]},
+        )
+
+
+def _check_stored(
+    tables: Tables, applied: dict[str, tuple[datetime, bool, float]], horizon: datetime
+) -> None:
+    (summary,) = tables.summary.values()
+    assert summary.entries == ()
+    stored = [
+        e for key in sorted(tables.hours, key=lambda k: orjson.loads(k)[2]) for e in tables.hours[key].entries
+    ]
+    assert [e.event_time for e in stored] == sorted(e.event_time for e in stored)
+    assert len({e.event_id for e in stored}) == len(stored)
+    retained = {i for i, (when, _, _) in applied.items() if when >= horizon}
+    assert retained <= {e.event_id for e in stored}  # everything retained is stored...
+    # ...and only hours the horizon does not lie wholly after are kept.
+    assert all(hour_of(e.event_time) + 1 > hour_of(horizon) for e in stored)
+    assert len(summary.hours) == len(tables.hours)
+    for counts in summary.hours:
+        hour = tables.hours[hour_key(summary.tenant_id, summary.agent_name, counts.hour)]
+        assert (counts.total, counts.met) == (len(hour.entries), sum(e.threshold_met for e in hour.entries))
+    assert {e.event_id for e in agent_entries(summary, tables.hours.get, horizon)} == retained
+
+
+@pytest.mark.parametrize(
+    ("seed", "span_hours"),
+    [(1, 60), (2, 60), (3, 400), (4, 400)],  # 400 h: hours leave the 168 h retention while it runs
+)
+def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(
+    seed: int, span_hours: int
+) -> None:
     rng = random.Random(seed)
     settings = load_settings()
-    configs = scoring_configs(settings)
-    trace_stage = TraceStage(settings, configs, metrics.create(CollectorRegistry()))
-    stage = AgentStage(settings, configs, metrics.create(CollectorRegistry()))
+    responses = Responses(settings, rng)
     window = timedelta(hours=settings.history_window_hours)
+    retention = timedelta(hours=settings.history_retention_hours)
 
-    def forwarded(event_id: str, when: datetime, offset: int) -> bytes:
-        retrieval = [{"similarity": rng.choice([0.2, 0.9]), "source": "s"}]
-        event = {**EXAMPLE, "event_id": event_id, "timestamp": when.isoformat(), "retrieval": retrieval}
-        out, _ = trace_stage.process([InputRecord("in", 0, offset, 1.0, orjson.dumps(event))], lambda k: None)
-        return next(r.value for r in out if r.topic == settings.responses_topic)
-
-    # 120 responses over 60 h (inside the 168 h retention), shuffled; equal times on purpose.
-    times = [T0 + timedelta(minutes=30 * rng.randrange(120)) for _ in range(120)]
+    # 150 responses, minute resolution (windows cut hours), equal times on purpose; mostly ascending.
+    times = sorted(T0 + timedelta(minutes=rng.randrange(span_hours * 60)) for _ in range(150))
+    times += [T0 + timedelta(minutes=30 * rng.randrange(span_hours * 2)) for _ in range(30)]
     inputs = [(str(uuid.uuid4()), when) for when in times]
     order = [*inputs, *rng.sample(inputs, 15)]  # 15 re-deliveries
-    rng.shuffle(order)
-    table: dict[bytes, AgentHistory] = {}
+    order = [item if rng.random() < 0.8 else rng.choice(order) for item in order]  # and some shuffling
     applied: dict[str, tuple[datetime, bool, float]] = {}  # event id -> (time, threshold_met, factor)
-    for offset, (event_id, when) in enumerate(order):
-        record = InputRecord(settings.responses_topic, 0, offset, 1.0, forwarded(event_id, when, offset))
-        outputs, dirty = stage.process([record], table.get)
-        table.update(dirty)
-        (scored,) = [orjson.loads(r.value) for r in outputs if r.topic == settings.scored_topic]
-        factor = scored["composite"]["factors"]["agent_history"]
+    newest: datetime | None = None
+    for event_id, when in order:
+        scored = responses.score(event_id, when)
+        factor = scored["composite"]["factors"]["agent_history"]  # type: ignore[index]
         if event_id in applied:
             assert factor == applied[event_id][2]  # re-delivery: the factor it was scored with
             continue
-        expected = composite.history_score([(t, met) for t, met, _ in applied.values()], when, window)
-        assert factor == pytest.approx(expected, abs=1e-12)
-        applied[event_id] = (when, bool(scored["composite"]["threshold_met"]), factor)
-    (history,) = table.values()
-    assert [e.event_time for e in history.entries] == sorted(e.event_time for e in history.entries)
-    assert sorted(e.event_id for e in history.entries) == sorted(applied)
+        horizon = None if newest is None else newest - retention
+        if horizon is not None and when < horizon:
+            # Older than the retention: scored over what is retained, not kept, so a re-delivery is new.
+            kept = [(t, met) for t, met, _ in applied.values() if t >= horizon]
+            assert factor == pytest.approx(composite.history_score(kept, when, window), abs=1e-12)
+            continue
+        kept = [(t, met) for t, met, _ in applied.values() if horizon is None or t >= horizon]
+        assert factor == pytest.approx(composite.history_score(kept, when, window), abs=1e-12)
+        applied[event_id] = (when, bool(scored["composite"]["threshold_met"]), factor)  # type: ignore[index]
+        newest = when if newest is None else max(newest, when)
+        horizon = newest - retention
+        applied = {i: v for i, v in applied.items() if v[0] >= horizon}
+        recent = [met for t, met, _ in applied.values() if t >= max(when - window, horizon)]
+        assert responses.success_rate() == pytest.approx(sum(recent) / len(recent), abs=1e-12)
+    assert newest is not None
+    assert {met for _, met, _ in applied.values()} == {True, False}  # factors between 0 and 1 were checked
+    _check_stored(responses.tables, applied, newest - retention)
+    if span_hours > 200:
+        assert len(responses.tables.hours) < span_hours - 150  # hours past the retention were deleted
 
 
-def test_a_history_stored_unsorted_decodes_sorted() -> None:
-    entries = [
+def test_entries_before_the_horizon_in_the_hour_it_cuts_count_as_gone() -> None:
+    settings = load_settings(history_retention_hours=2)
+    responses = Responses(settings, random.Random(0))
+    met = responses.score("c", T0 + timedelta(minutes=5), good=True)["composite"]["threshold_met"]  # type: ignore[index]
+    first = responses.score("a", T0 + timedelta(minutes=10))["composite"]["factors"]  # type: ignore[index]
+    assert first["agent_history"] == (1.0 if met else 0.0)
+    # b moves the horizon to 00:30: c and a stay stored (their hour is cut) but are no longer history.
+    b = responses.score("b", T0 + timedelta(hours=2, minutes=30), good=False)
+    assert b["composite"]["factors"]["agent_history"] == 0.5  # type: ignore[index]
+    assert responses.success_rate() == 0.0  # b alone, not c and a
+    stored = [e.event_id for hour in responses.tables.hours.values() for e in hour.entries]
+    assert sorted(stored) == ["a", "b", "c"]
+    # A re-delivery of a is older than the retention: scored as new over what is retained (nothing).
+    again = responses.score("a", T0 + timedelta(minutes=10))["composite"]["factors"]  # type: ignore[index]
+    assert again["agent_history"] == 0.5
+    # The next hour past the horizon deletes hour 0.
+    responses.score("d", T0 + timedelta(hours=3, minutes=1))
+    assert sorted(e.event_id for hour in responses.tables.hours.values() for e in hour.entries) == ["b", "d"]
+
+
+def _legacy_entries(times: list[datetime]) -> list[HistoryEntry]:
+    return [
         HistoryEntry(
-            event_id=str(i),
-            event_time=T0 + timedelta(hours=h),
-            threshold_met=True,
+            event_id=f"old-{i}",
+            event_time=when,
+            threshold_met=i % 3 != 0,
             composite=0.8,
             blocked=False,
             history_score=0.5,
         )
-        for i, h in enumerate([5, 1, 3, 2])
+        for i, when in enumerate(times)
     ]
+
+
+def test_a_history_stored_unsorted_decodes_sorted() -> None:
+    entries = _legacy_entries([T0 + timedelta(hours=h) for h in [5, 1, 3, 2]])
     raw = orjson.dumps(
         {
             "tenant_id": "t",
@@ -87,4 +204,39 @@ def test_a_history_stored_unsorted_decodes_sorted() -> None:
         }
     )
     history = AgentHistory.model_validate_json(raw)
-    assert [e.event_id for e in history.entries] == ["1", "3", "2", "0"]
+    assert [e.event_id for e in history.entries] == ["old-1", "old-3", "old-2", "old-0"]
+
+
+def test_a_history_of_the_old_format_is_split_by_hour_on_the_next_response() -> None:
+    rng = random.Random(7)
+    settings = load_settings()
+    responses = Responses(settings, rng)
+    window = timedelta(hours=settings.history_window_hours)
+    times = [T0 + timedelta(minutes=rng.randrange(48 * 60)) for _ in range(80)]
+    entries = _legacy_entries(times)
+    key = table_key(EXAMPLE["tenant_id"], EXAMPLE["agent_name"])
+    legacy = AgentHistory.model_validate_json(
+        orjson.dumps(
+            {
+                "tenant_id": EXAMPLE["tenant_id"],
+                "agent_name": EXAMPLE["agent_name"],
+                "agent_type": EXAMPLE["agent_type"],
+                "entries": [e.model_dump(mode="json") for e in entries],
+            }
+        )
+    )
+    responses.tables.summary[key] = legacy
+    since = T0 + timedelta(hours=30)
+    assert [e.event_id for e in agent_entries(legacy, responses.tables.hours.get, since)] == [
+        e.event_id for e in sorted(entries, key=lambda e: e.event_time) if e.event_time >= since
+    ]
+    # A re-delivery of an old entry re-emits its factor and splits the history.
+    assert responses.score("old-5", times[5])["composite"]["factors"]["agent_history"] == 0.5  # type: ignore[index]
+    when = T0 + timedelta(hours=49)
+    scored = responses.score("new", when)
+    expected = composite.history_score([(e.event_time, e.threshold_met) for e in entries], when, window)
+    assert scored["composite"]["factors"]["agent_history"] == pytest.approx(expected, abs=1e-12)  # type: ignore[index]
+    applied = {e.event_id: (e.event_time, e.threshold_met, 0.5) for e in entries}
+    applied["new"] = (when, bool(scored["composite"]["threshold_met"]), 0.0)  # type: ignore[index]
+    _check_stored(responses.tables, applied, when - timedelta(hours=settings.history_retention_hours))
+    assert len(responses.tables.hours) == len({hour_of(t) for t in [*times, when]})
