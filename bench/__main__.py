@@ -6,11 +6,13 @@ import sys
 
 from bench.calibration import main as calibration_main
 from bench.claims import main as claims_main
+from bench.history import main as history_main
 from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
 
 if __name__ == "__main__":
     scoring_main()
     claims_main()
+    history_main()
     calibration_main()
     sys.exit(pipeline_main())

@@ -143,7 +143,9 @@ class _Agent:
 
     def drop_hours_before(self, horizon: datetime) -> None:
         """Hours wholly before `horizon` leave; the hour it cuts stays (counts read it from the horizon)."""
-        gone = [c.hour for c in self.summary.hours if _hour_start(c.hour + 1) <= horizon]
+        # Hour h ends at or before the horizon exactly when h < hour_of(horizon).
+        kept_from = bisect.bisect_left(self.summary.hours, hour_of(horizon), key=_HOUR_NUMBER)
+        gone = [c.hour for c in self.summary.hours[:kept_from]]
         if gone:
             self._gone += gone
             self._changed -= set(gone)
@@ -151,10 +153,14 @@ class _Agent:
 
     def count(self, start: datetime, end: datetime | None) -> tuple[int, int]:
         """(responses, those that met their threshold) with start <= event time < end (None: no end)."""
+        hours = self.summary.hours
+        # Only the hours from start's to end's are looked at (sorted: bisection, not a scan of the week).
+        low = bisect.bisect_left(hours, hour_of(start), key=_HOUR_NUMBER)
+        high = len(hours) if end is None else bisect.bisect_right(hours, hour_of(end), key=_HOUR_NUMBER)
         total = met = 0
-        for counts in self.summary.hours:
+        for counts in hours[low:high]:
             first, after = _hour_start(counts.hour), _hour_start(counts.hour + 1)
-            if after <= start or (end is not None and first >= end):
+            if end is not None and first >= end:  # `end` is this hour's first instant: nothing to load
                 continue
             if first >= start and (end is None or after <= end):
                 total, met = total + counts.total, met + counts.met

@@ -1,0 +1,176 @@
+"""Agent-history cost per LLM response through stage 2, for an agent with 100, 10k and 100k retained entries.
+
+Issue 10: a write must cost the agent's current hour, not its whole retained week. Each response is
+one batch, as at low load (the dearest case: nothing shared between responses). Table values are kept
+as JSON bytes and decoded on load, and every write is encoded, as the worker's tables do. The baseline,
+measured in the same run, is encoding the same agent's entries as one value: the layout before
+(one key per agent), which every response rewrote.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+from prometheus_client import CollectorRegistry
+from rich.console import Console
+from rich.table import Table
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.stages import AgentStage, InputRecord, TraceStage
+from streams.stages.history import hour_key, hour_of
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, HourCounts, table_key
+
+T0 = datetime(2026, 11, 22, tzinfo=UTC)
+RESPONSES = 500
+EXAMPLE = orjson.loads((Path(__file__).parents[1] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
+SETTINGS = load_settings()
+
+
+def _entries(size: int) -> list[HistoryEntry]:
+    """`size` responses spread evenly over the retention window, ending at T0."""
+    span = timedelta(hours=SETTINGS.history_retention_hours) * 0.99
+    return [
+        HistoryEntry(
+            event_id=str(uuid.UUID(int=i)),
+            event_time=T0 - span + span * i / size,
+            threshold_met=i % 3 != 0,
+            composite=0.7,
+            blocked=False,
+            history_score=0.6,
+        )
+        for i in range(size)
+    ]
+
+
+def _stored(entries: list[HistoryEntry]) -> dict[bytes, bytes]:
+    """The agent's summary and hour keys, as the two tables hold them (JSON bytes)."""
+    tenant, agent = EXAMPLE["tenant_id"], EXAMPLE["agent_name"]
+    by_hour: dict[int, list[HistoryEntry]] = {}
+    for entry in entries:
+        by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
+    state = {
+        hour_key(tenant, agent, n): HistoryHour(entries=tuple(e)).model_dump_json().encode()
+        for n, e in by_hour.items()
+    }
+    summary = AgentHistory(
+        tenant_id=tenant,
+        agent_name=agent,
+        agent_type=EXAMPLE["agent_type"],
+        newest=entries[-1].event_time,
+        hours=tuple(
+            HourCounts(hour=n, total=len(e), met=sum(x.threshold_met for x in e))
+            for n, e in sorted(by_hour.items())
+        ),
+    )
+    state[table_key(tenant, agent)] = summary.model_dump_json().encode()
+    return state
+
+
+def _responses() -> list[bytes]:
+    """Stage 1's forwarded responses (logprobs replaced by their confidence), a few seconds apart after T0."""
+    configs = scoring_configs(SETTINGS)
+    stage = TraceStage(SETTINGS, configs, metrics.create(CollectorRegistry()))
+    forwarded = []
+    for i in range(RESPONSES):
+        event = {
+            **EXAMPLE,
+            "event_id": str(uuid.uuid4()),
+            "timestamp": (T0 + timedelta(seconds=7 * i)).isoformat(),
+        }
+        out, _ = stage.process([InputRecord("in", 0, i, 1.0, orjson.dumps(event))], lambda k: None)
+        forwarded.append(next(r.value for r in out if r.topic == SETTINGS.responses_topic))
+    return forwarded
+
+
+def _per_response_us(size: int, forwarded: list[bytes]) -> tuple[float, float, int]:
+    state = _stored(_entries(size))
+    stage = AgentStage(SETTINGS, scoring_configs(SETTINGS), metrics.create(CollectorRegistry()))
+    # The worker's tables keep the model they encoded beside the bytes (agents.DecodedStates), so a
+    # value written by an earlier batch is not decoded again; the stored week is decoded on first use.
+    decoded: dict[bytes, AgentHistory | HistoryHour] = {}
+
+    def load(key: bytes) -> AgentHistory | None:
+        if key not in decoded and key in state:
+            decoded[key] = AgentHistory.model_validate_json(state[key])
+        value = decoded.get(key)
+        assert value is None or isinstance(value, AgentHistory)
+        return value
+
+    def load_hour(key: bytes) -> HistoryHour | None:
+        if key not in decoded and key in state:
+            decoded[key] = HistoryHour.model_validate_json(state[key])
+        value = decoded.get(key)
+        assert value is None or isinstance(value, HistoryHour)
+        return value
+
+    samples, written = [], 0
+    for offset, value in enumerate(forwarded):
+        record = InputRecord(SETTINGS.responses_topic, 0, offset, 1.0, value)
+        start = time.perf_counter_ns()
+        _, writes = stage.process([record], load, load_hour)
+        for key, write in writes.items():
+            if write.value is None:
+                state.pop(key, None)
+                decoded.pop(key, None)
+            else:
+                state[key] = encoded = write.value.model_dump_json().encode()
+                decoded[key] = write.value
+                written += len(encoded)
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], written // len(forwarded)
+
+
+def _one_value_us(size: int) -> float:
+    """Encoding the agent's whole history as one value (the layout before), median of 20."""
+    history = AgentHistory(
+        tenant_id="t", agent_name="a", agent_type="planner", entries=tuple(_entries(size)), newest=T0
+    )
+    samples = []
+    for _ in range(20):
+        start = time.perf_counter_ns()
+        history.model_dump_json().encode()
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    forwarded = _responses()
+    table = Table(
+        title=f"agent history: stage 2 cost per LLM response ({RESPONSES} responses, one per batch)"
+    )
+    for column in (
+        "retained entries",
+        "median us",
+        "p99 us",
+        "bytes written per response",
+        "x 100-entry median",
+        "encoding one value us (layout before; encode only)",
+        "x encoding one value",
+    ):
+        table.add_column(column, justify="right")
+    base = None
+    for size in (100, 10_000, 100_000):
+        median, p99, written = _per_response_us(size, forwarded)
+        before = _one_value_us(size)
+        base = base or median
+        table.add_row(
+            f"{size:,}",
+            f"{median:.0f}",
+            f"{p99:.0f}",
+            f"{written:,}",
+            f"{median / base:.2f}",
+            f"{before:,.0f}",
+            f"{median / before:.3f}",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
