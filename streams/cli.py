@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "tune_gc"]
+
+
+def tune_gc(gen0_threshold: int) -> None:
+    """Collect generation 0 every `gen0_threshold` allocations (0: leave Python's default)."""
+    if gen0_threshold:
+        gc.set_threshold(gen0_threshold, *gc.get_threshold()[1:])
 
 
 def _worker(_: argparse.Namespace) -> int:
@@ -32,6 +39,7 @@ def _worker(_: argparse.Namespace) -> int:
     attach_views(svc)
     attach_lag_monitor(svc)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
+    tune_gc(settings.gc_gen0_threshold)
     worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
     try:
         worker.execute_from_commandline()

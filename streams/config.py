@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     consumer_fetch_max_wait_ms: int = Field(
         20, ge=0, le=60_000, description="Longest a consumer fetch waits for data (Faust's own is 1500)."
     )
+    # Python collects its youngest generation every 700 allocations by default; the worker allocates
+    # models per event, so a larger generation 0 cut its CPU per event by about 15 % (README Performance).
+    gc_gen0_threshold: int = Field(
+        10_000, ge=0, description="Worker's gc generation-0 threshold; 0 keeps Python's default (700)."
+    )
     # Only these two: at `warn` or above Faust installs its spinner and sets the root logger to DEBUG,
     # which slows the worker badly (DESIGN section 10).
     log_level: Literal["debug", "info"] = "info"
