@@ -9,6 +9,7 @@ import urllib.request
 from datetime import UTC, datetime
 
 from streams.harness import RunningBroker
+from streams.stages.common import key_partition
 from tests.integration.fixtures import EventFactory, count_of, deploy
 
 
@@ -23,7 +24,12 @@ def _status(port: int, path: str) -> int:
 
 def _wait_for_status(port: int, path: str, status: int, what: str) -> None:
     deadline = time.monotonic() + 30
-    while _status(port, path) != status:
+    while True:
+        try:
+            if _status(port, path) == status:
+                return
+        except urllib.error.URLError:  # a worker still starting refuses connections
+            pass
         assert time.monotonic() < deadline, what
         time.sleep(0.2)
 
@@ -132,5 +138,39 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
         _wait_for_status(port, "/claims/claim-ttl/old", 404, "the expired claim was never swept")
         assert _status(port, "/claims/claim-ttl/pointing") == 200
         assert "expired claims" in d.log_text()
+    finally:
+        d.stop()
+
+
+def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
+    """State a worker restores from the changelog when it takes over a stopped worker's partition was
+    never written through its own code: the sweep must still find it (the sweep index scans the table
+    after every recovery, not only at start)."""
+    d = deploy(kafka, partitions=2, TRACE_TTL_HOURS="1", SWEEP_INTERVAL_SECONDS="0.5")
+    d.start_worker()
+    leaving = d.start_worker()
+    try:
+        f = EventFactory(tenant="ttl-takeover")
+        # One old trace and one later trace on each partition (the input is keyed by trace id).
+        names = {
+            p: [t for t in (f"trace-{i}" for i in range(50)) if key_partition(t.encode(), 2) == p]
+            for p in (0, 1)
+        }
+        old = [f.tool(names[p][0], "find", "x", minutes=0) for p in (0, 1)]
+        d.produce(old)
+        d.collect(count_of("TRACE_SCORED", 2, d.settings.scored_topic, {e["event_id"] for e in old}))
+        leaving.stop()
+        port = d.web_ports[0]  # the worker that stays now owns both partitions
+        for event in old:
+            _wait_for_status(port, f"/traces/ttl-takeover/{event['trace_id']}", 200, "not taken over")
+        # Two hours later in event time, on both partitions: both old traces are idle past the 1 h TTL.
+        later = [f.tool(names[p][1], "read", "x.py", minutes=120) for p in (0, 1)]
+        d.produce(later)
+        d.collect(count_of("TRACE_SCORED", 2, d.settings.scored_topic, {e["event_id"] for e in later}))
+        for event in old:
+            path = f"/traces/ttl-takeover/{event['trace_id']}"
+            _wait_for_status(port, path, 404, f"{path} was never swept")
+        for event in later:
+            assert _status(port, f"/traces/ttl-takeover/{event['trace_id']}") == 200
     finally:
         d.stop()

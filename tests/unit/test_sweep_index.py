@@ -1,10 +1,16 @@
-"""The sweep's index (`DecodedStates.due`): only due keys are decoded, and it never misses a due key."""
+"""The sweep's index (`DecodedStates.due`): only due keys are decoded, and it never misses a due key.
+
+Checked against a brute-force sweep (every key whose moment passed) over random writes, rewrites,
+deletions, restores and advancing clocks.
+"""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from streams.agents import DecodedStates
@@ -50,6 +56,7 @@ def test_due_keys_only_and_written_values_are_not_decoded_again() -> None:
 
     # A value that entered the table another way (a changelog restore) is decoded once, then indexed.
     table[b"1-99"] = CountingValue(last=T0).model_dump_json().encode()
+    states.restored()  # what the table's recovery callback does
     due = states.due(_passed_at({1: T0 + timedelta(hours=2)}))
     assert [key for key, _ in due] == [b"1-99"]
     assert len(DECODES) == 1
@@ -58,6 +65,7 @@ def test_due_keys_only_and_written_values_are_not_decoded_again() -> None:
 
     # Replaced bytes (new object) are looked at again: a newer time is no longer due.
     table[b"1-99"] = CountingValue(last=T0 + timedelta(hours=9)).model_dump_json().encode()
+    states.restored()
     assert states.due(_passed_at({1: T0 + timedelta(hours=2)})) == []
 
 
@@ -79,3 +87,57 @@ def test_never_due_when_sweep_after_is_none() -> None:
     states = DecodedStates(table, Value, sweep_after=lambda key, value: None)  # type: ignore[arg-type]
     table[b"0-a"] = states.encode(b"0-a", Value(last=T0))
     assert states.due(lambda partition, moment: True) == []
+
+
+class RecoveringTable(dict[bytes, bytes]):
+    """A table with Faust's `on_recover` registration, as the worker's tables have."""
+
+    callbacks: list[Any]
+
+    def on_recover(self, callback: Any) -> Any:
+        self.callbacks = [*getattr(self, "callbacks", []), callback]
+        return callback
+
+
+async def test_a_recovery_makes_the_next_sweep_index_restored_values() -> None:
+    table = RecoveringTable()
+    states = DecodedStates(table, Value, sweep_after=_sweep_after)  # type: ignore[arg-type]
+    states.due(_passed_at({}))  # the first sweep scans (nothing yet)
+    table[b"0-restored"] = Value(last=T0).model_dump_json().encode()
+    assert states.due(_passed_at({0: T0 + timedelta(days=1)})) == []  # not indexed: no recovery yet
+    (callback,) = table.callbacks
+    await callback()
+    assert [key for key, _ in states.due(_passed_at({0: T0 + timedelta(days=1)}))] == [b"0-restored"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_due_matches_a_full_scan(seed: int) -> None:
+    rng = random.Random(seed)
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, Value, sweep_after=_sweep_after)  # type: ignore[arg-type]
+    values: dict[bytes, Value] = {}  # what the table holds, decoded (the reference)
+    clocks = {0: T0, 1: T0}
+    for step in range(3000):
+        key = f"{rng.randrange(2)}-{rng.randrange(200)}".encode()
+        action = rng.random()
+        if action < 0.6:  # written by a stage
+            values[key] = Value(last=T0 + timedelta(minutes=rng.randrange(600)))
+            table[key] = states.encode(key, values[key])
+        elif action < 0.7 and key in table:  # deleted by the sweep
+            del table[key], values[key]
+            states.forget(key)
+        elif action < 0.75 and key in table:  # left with a revoked partition (no forget)
+            del table[key], values[key]
+        elif action < 0.78:  # restored from the changelog
+            values[key] = Value(last=T0 + timedelta(minutes=rng.randrange(600)))
+            table[key] = values[key].model_dump_json().encode()
+            states.restored()
+        if step % 25 == 0:
+            partition = rng.randrange(2)
+            clocks[partition] += timedelta(minutes=rng.randrange(30))
+            passed = _passed_at(clocks)
+            expected = {k for k, v in values.items() if passed(*_sweep_after(k, v))}
+            due = states.due(passed)
+            assert len(due) == len(expected)
+            assert {k: v for k, v in due} == {k: values[k] for k in expected}
+    assert states._indexed <= 2 * len(states._due) + 1024 + 1
