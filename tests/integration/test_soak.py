@@ -68,11 +68,19 @@ class Point:
     keys: dict[str, float]
     worker_cpu: float  # percent of one core since the previous point
     machine_cpu: float  # every process on the machine, percent of one core
+    # From the lag gauge (sampled every 5 s): the spread between the input partitions' lags (how far
+    # stage 1 reads one partition ahead of another) and the records the later stages have yet to read.
+    input_skew: float = 0.0
+    stages_behind: float = 0.0
 
 
-def _point(started: float, cpu: CpuMeter, metrics: Scrape) -> Point:
+def _point(started: float, cpu: CpuMeter, metrics: Scrape, input_topic: str) -> Point:
     worker_cpu, machine_cpu = cpu.read()
+    lags = metrics.series("confidence_consumer_lag")
+    inputs = [value for labels, value in lags.items() if ("topic", input_topic) in labels]
     return Point(
+        input_skew=max(inputs) - min(inputs) if inputs else 0.0,
+        stages_behind=sum(lags.values()) - sum(inputs),
         seconds=time.monotonic() - started,
         processed=metrics.total("confidence_events_processed_total"),
         outputs=metrics.total("confidence_outputs_emitted_total"),
@@ -86,7 +94,7 @@ def _point(started: float, cpu: CpuMeter, metrics: Scrape) -> Point:
 def _print_curve(points: list[Point], every: int) -> None:
     print(
         f"\n{'t s':>7} {'processed':>10} {'outputs':>10} {'RSS MB':>8} {'traces':>7} {'claims':>7} "
-        f"{'agents':>7} {'scores':>7} {'worker %':>9} {'machine %':>10}"
+        f"{'agents':>7} {'scores':>7} {'worker %':>9} {'machine %':>10} {'in skew':>8} {'behind':>7}"
     )
     for i, p in enumerate(points):
         if i % every == 0 or i == len(points) - 1:
@@ -94,7 +102,7 @@ def _print_curve(points: list[Point], every: int) -> None:
                 f"{p.seconds:7.1f} {p.processed:10.0f} {p.outputs:10.0f} {p.rss_mb:8.1f} "
                 f"{p.keys.get('traces', 0):7.0f} {p.keys.get('claims', 0):7.0f} "
                 f"{p.keys.get('agent-history', 0):7.0f} {p.keys.get('calibration-subjects', 0):7.0f} "
-                f"{p.worker_cpu:9.0f} {p.machine_cpu:10.0f}"
+                f"{p.worker_cpu:9.0f} {p.machine_cpu:10.0f} {p.input_skew:8.0f} {p.stages_behind:7.0f}"
             )
 
 
@@ -164,7 +172,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         while True:
             assert "error" not in produced, produced.get("error")
             assert worker.alive(), "worker died"
-            points.append(_point(started, cpu, scrape(port)))
+            points.append(_point(started, cpu, scrape(port), d.settings.input_topic_names[0]))
             last = points[-1]
             if last.processed >= events:
                 if last.outputs >= expected_outputs:
@@ -186,7 +194,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
             assert time.monotonic() < lag_deadline, f"stages never caught up: lag {lagging}"
             time.sleep(5.0 if caught_up else 1.0)
         time.sleep(1.5)
-        points.append(_point(started, cpu, scrape(port)))
+        points.append(_point(started, cpu, scrape(port), d.settings.input_topic_names[0]))
         after_run = points[-1]
 
         # Final events far ahead in event time. Expiry clocks are per partition, so: a tool invocation
@@ -213,7 +221,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         d.produce(clock)
         swept_deadline = time.monotonic() + 60
         while True:
-            final = _point(started, cpu, scrape(port))
+            final = _point(started, cpu, scrape(port), d.settings.input_topic_names[0])
             if (
                 final.processed >= events + len(clock)
                 and final.keys.get("traces") == len({(e["tenant_id"], e["trace_id"]) for e in clock})
