@@ -14,6 +14,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -21,9 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from streams import metrics
+from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
 from streams.stages import AgentStage, InputRecord, TraceStage
-from streams.stages.history import hour_key, hour_of
+from streams.stages.history import HistoryTable, hour_key, hour_of
 from streams.state import AgentHistory, HistoryEntry, HistoryHour, HourCounts, table_key
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
@@ -48,16 +50,12 @@ def _entries(size: int) -> list[HistoryEntry]:
     ]
 
 
-def _stored(entries: list[HistoryEntry]) -> dict[bytes, bytes]:
+def _stored(entries: list[HistoryEntry]) -> dict[HistoryTable, dict[bytes, bytes]]:
     """The agent's summary and hour keys, as the two tables hold them (JSON bytes)."""
     tenant, agent = EXAMPLE["tenant_id"], EXAMPLE["agent_name"]
     by_hour: dict[int, list[HistoryEntry]] = {}
     for entry in entries:
         by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
-    state = {
-        hour_key(tenant, agent, n): HistoryHour(entries=tuple(e)).model_dump_json().encode()
-        for n, e in by_hour.items()
-    }
     summary = AgentHistory(
         tenant_id=tenant,
         agent_name=agent,
@@ -68,8 +66,13 @@ def _stored(entries: list[HistoryEntry]) -> dict[bytes, bytes]:
             for n, e in sorted(by_hour.items())
         ),
     )
-    state[table_key(tenant, agent)] = summary.model_dump_json().encode()
-    return state
+    return {
+        "summary": {table_key(tenant, agent): summary.model_dump_json().encode()},
+        "hours": {
+            hour_key(tenant, agent, n): HistoryHour(entries=tuple(e)).model_dump_json().encode()
+            for n, e in by_hour.items()
+        },
+    }
 
 
 def _responses() -> list[bytes]:
@@ -89,38 +92,25 @@ def _responses() -> list[bytes]:
 
 
 def _per_response_us(size: int, forwarded: list[bytes]) -> tuple[float, float, int]:
-    state = _stored(_entries(size))
+    tables = _stored(_entries(size))
     stage = AgentStage(SETTINGS, scoring_configs(SETTINGS), metrics.create(CollectorRegistry()))
-    # The worker's tables keep the model they encoded beside the bytes (agents.DecodedStates), so a
-    # value written by an earlier batch is not decoded again; the stored week is decoded on first use.
-    decoded: dict[bytes, AgentHistory | HistoryHour] = {}
-
-    def load(key: bytes) -> AgentHistory | None:
-        if key not in decoded and key in state:
-            decoded[key] = AgentHistory.model_validate_json(state[key])
-        value = decoded.get(key)
-        assert value is None or isinstance(value, AgentHistory)
-        return value
-
-    def load_hour(key: bytes) -> HistoryHour | None:
-        if key not in decoded and key in state:
-            decoded[key] = HistoryHour.model_validate_json(state[key])
-        value = decoded.get(key)
-        assert value is None or isinstance(value, HistoryHour)
-        return value
-
+    # As the worker reads its tables: a model written by an earlier batch is kept beside its bytes and
+    # not decoded again; the stored week is decoded on first use.
+    states: dict[HistoryTable, DecodedStates[Any]] = {
+        "summary": DecodedStates(tables["summary"], AgentHistory),  # type: ignore[arg-type]
+        "hours": DecodedStates(tables["hours"], HistoryHour),  # type: ignore[arg-type]
+    }
     samples, written = [], 0
     for offset, value in enumerate(forwarded):
         record = InputRecord(SETTINGS.responses_topic, 0, offset, 1.0, value)
         start = time.perf_counter_ns()
-        _, writes = stage.process([record], load, load_hour)
+        _, writes = stage.process([record], states["summary"].load, states["hours"].load)
         for key, write in writes.items():
             if write.value is None:
-                state.pop(key, None)
-                decoded.pop(key, None)
+                del tables[write.table][key]
+                states[write.table].forget(key)
             else:
-                state[key] = encoded = write.value.model_dump_json().encode()
-                decoded[key] = write.value
+                tables[write.table][key] = encoded = states[write.table].encode(key, write.value)
                 written += len(encoded)
         samples.append((time.perf_counter_ns() - start) / 1000)
     samples.sort()
