@@ -141,7 +141,9 @@ class DecodedStates(Generic[M]):
                 if raw is None:  # left with a revoked partition
                     self.forget(key)
                 elif raw is not known[0]:  # not written through encode: index what is there now
+                    del self._due[key]  # its heap entry is gone: push the new moment even if equal
                     self._note_due(key, raw, self._model(key, raw))
+                    seen.discard(key)  # and if that moment passed too, pop it in this sweep
                 else:
                     due.append((key, self._model(key, raw)))
                     returned.append((moment, key))

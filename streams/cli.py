@@ -38,8 +38,8 @@ def _worker(_: argparse.Namespace) -> int:
     attach_agents(svc)
     attach_views(svc)
     attach_lag_monitor(svc)
-    # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
     tune_gc(settings.gc_gen0_threshold)
+    # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
     worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
     try:
         worker.execute_from_commandline()

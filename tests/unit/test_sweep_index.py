@@ -141,3 +141,18 @@ def test_due_matches_a_full_scan(seed: int) -> None:
             assert len(due) == len(expected)
             assert {k: v for k, v in due} == {k: values[k] for k in expected}
     assert states._indexed <= 2 * len(states._due) + 1024 + 1
+
+
+def test_a_value_replaced_without_encode_is_judged_by_what_the_table_holds() -> None:
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, Value, sweep_after=_sweep_after)  # type: ignore[arg-type]
+    states.due(_passed_at({}))
+    table[b"0-k"] = states.encode(b"0-k", Value(last=T0))
+    # Replaced behind the index's back (same time, new bytes): found when its old moment is due.
+    table[b"0-k"] = Value(last=T0).model_dump_json().encode()
+    assert [key for key, _ in states.due(_passed_at({0: T0 + timedelta(hours=2)}))] == [b"0-k"]
+    assert [key for key, _ in states.due(_passed_at({0: T0 + timedelta(hours=2)}))] == [b"0-k"]
+    # Replaced by a later time: not due until that time has passed.
+    table[b"0-k"] = Value(last=T0 + timedelta(hours=5)).model_dump_json().encode()
+    assert states.due(_passed_at({0: T0 + timedelta(hours=2)})) == []
+    assert [key for key, _ in states.due(_passed_at({0: T0 + timedelta(hours=7)}))] == [b"0-k"]
