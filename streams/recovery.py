@@ -18,6 +18,11 @@ nothing was committed on yet), aiokafka's `seek_to_committed` leaves the positio
 they are committed without ever being processed. We saw it as the first records of the repartition
 topics missing after a worker restart (tests/integration/test_reliability.py). So partitions without
 a committed offset are sought to their beginning, which is what the app's `earliest` reset means.
+
+A third: a fetch can return records of a paused stream partition *after* the seek (it started before
+the rebalance and waited it out). Faust's `getmany` skips them, aiokafka's position is past them, and
+the seek that would have brought them back is already done. Our consumer records such partitions
+(streams/transport.py), and the seek is repeated until no stream partition lost records after it.
 Everything else is Faust's own code path, unchanged.
 """
 
@@ -31,6 +36,8 @@ from faust.tables.recovery import Recovery
 
 __all__ = ["SeekThenResumeRecovery", "SeekThenResumeTableManager"]
 
+_MAX_SEEKS = 10
+
 
 class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
     """Faust's `Recovery` with stream partitions sought to committed offsets *before* they resume."""
@@ -40,17 +47,30 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         assignment = consumer.assignment()
         if not assignment:
             return
-        self.log.info("Seek stream partitions to committed offsets (partitions still paused).")
+        streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
+        for attempt in range(1, _MAX_SEEKS + 1):
+            # A fetch that returns while the streams are paused drops their records past the
+            # position just sought (streams/transport.py); seek again until none did.
+            dropped = getattr(consumer, "dropped_partitions", set())
+            dropped.clear()
+            self.log.info("Seek stream partitions to committed offsets (partitions still paused).")
+            await self._seek_to_committed(consumer, streams)
+            if not dropped & streams:
+                break
+            self.log.info(f"Records of {sorted(dropped & streams)} were fetched during the seek ({attempt})")
+        else:
+            raise RuntimeError(f"stream partitions kept losing fetched records after {_MAX_SEEKS} seeks")
+        consumer.resume_partitions(streams)  # no await since the last check: nothing drops in between
+
+    async def _seek_to_committed(self, consumer: Any, streams: set[Any]) -> None:
         timeout = self.app.conf.broker_request_timeout
         await self._wait(consumer.perform_seek(), timeout=timeout)
-        streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
         committed = await asyncio.wait_for(consumer.seek_to_committed(), timeout)
         uncommitted = {tp for tp in streams if not committed.get(tp)}
         if uncommitted:
             earliest = await asyncio.wait_for(consumer.earliest_offsets(*uncommitted), timeout)
             for tp in sorted(uncommitted):
                 await consumer.seek(tp, earliest[tp])
-        consumer.resume_partitions(streams)
 
     async def _start_flow(self, standbys_ready: bool) -> None:
         # Faust's common ending of both paths: let records flow and announce the worker ready.
