@@ -58,3 +58,30 @@ async def test_streams_are_sought_before_they_resume() -> None:
     # No committed offset: sought to its beginning (the app's `earliest`), not left where the fetch was.
     assert consumer.calls[1][1] == (stream_tp, 0)
     assert consumer.calls[2][1] == {stream_tp}  # only stream partitions resume; changelogs stay with recovery
+
+
+class DroppingConsumer(RecordingConsumer):
+    """A fetch returns records of the paused stream partition during the first seek, none later."""
+
+    def __init__(self, changelog_topic: str) -> None:
+        super().__init__(changelog_topic)
+        self.dropped_partitions: set[TP] = set()
+        self.seeks = 0
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self.seeks += 1
+        if self.seeks == 1:
+            self.dropped_partitions.add(TP("agent-events", 0))
+        return {TP("agent-events", 0): 7}
+
+
+async def test_a_partition_that_lost_fetched_records_during_the_seek_is_sought_again() -> None:
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    consumer = DroppingConsumer(svc.traces.changelog_topic.get_topic_name())
+    svc.app.consumer = consumer
+
+    await recovery._seek_then_resume_streams()
+
+    assert [name for name, _ in consumer.calls] == ["seek", "seek", "resume"]
+    assert consumer.seeks == 2
