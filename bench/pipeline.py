@@ -56,7 +56,7 @@ from bench.mix import Mix, build_mix
 from bench.passthrough import FAUST_FETCH_MAX_WAIT_MS
 from streams.config import Settings, load_settings
 from streams.demo_runner import worker_env
-from streams.harness import broker
+from streams.harness import RunningBroker, broker
 from streams.topics import create_topics
 
 __all__ = ["main"]
@@ -378,12 +378,14 @@ class Deployment:
                 raise RuntimeError(f"worker {proc.pid} exited; log {proc.log_path}:\n{proc.log_tail()}")
 
 
-async def deploy(kind: str, bootstrap: str, partitions: int, fetch_wait: int, **extra: str) -> Deployment:
+async def deploy(
+    kind: str, kafka: RunningBroker, partitions: int, fetch_wait: int, **extra: str
+) -> Deployment:
     """Fresh topics and environment for `kind`; no worker started yet."""
     suffix = f"-b{uuid.uuid4().hex[:8]}"
     workdir = tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=WORKDIR)
     env = worker_env(
-        bootstrap,
+        kafka,
         suffix,
         workdir,
         0,
@@ -396,7 +398,7 @@ async def deploy(kind: str, bootstrap: str, partitions: int, fetch_wait: int, **
         await create_topics(settings)
         return Deployment(
             kind,
-            bootstrap,
+            kafka.bootstrap_servers,
             workdir,
             partitions,
             settings.input_topic_names[0],
@@ -416,13 +418,13 @@ async def deploy(kind: str, bootstrap: str, partitions: int, fetch_wait: int, **
         PRODUCER_MAX_BATCH_BYTES=str(settings.producer_max_batch_bytes),
         PRODUCER_LINGER_MS=str(settings.producer_linger_ms),
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, partitions, 1) for name in (topic_in, topic_out)])
     finally:
         await admin.close()
-    return Deployment(kind, bootstrap, workdir, partitions, topic_in, [topic_out], None, env)
+    return Deployment(kind, kafka.bootstrap_servers, workdir, partitions, topic_in, [topic_out], None, env)
 
 
 async def wait_ready(deployment: Deployment, timeout: float = 90.0, stable: float = 2.0) -> None:
@@ -534,16 +536,16 @@ def _window(tracker: Tracker, sampler: Sampler, events: int) -> RunResult:
     )
 
 
-async def throughput_run(kind: str, bootstrap: str, mix: Mix, fetch_wait: int) -> RunResult:
+async def throughput_run(kind: str, kafka: RunningBroker, mix: Mix, fetch_wait: int) -> RunResult:
     """Preload `mix`, start one worker, time first output to last."""
-    deployment = await deploy(kind, bootstrap, PARTITIONS, fetch_wait)
+    deployment = await deploy(kind, kafka, PARTITIONS, fetch_wait)
     produced = Produced()
-    await produce(bootstrap, deployment.input_topic, mix, produced)
+    await produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced)
     tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
     proc = deployment.start_worker()
     sampler = Sampler([proc.pid]).start()
     try:
-        await follow(bootstrap, deployment.follow_topics, tracker, RUN_TIMEOUT)
+        await follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT)
     except TimeoutError as exc:
         raise RuntimeError(f"{kind}: {exc}; log {proc.log_path}:\n{proc.log_tail()}") from exc
     finally:
@@ -556,16 +558,18 @@ async def throughput_run(kind: str, bootstrap: str, mix: Mix, fetch_wait: int) -
 # --- 2. latency ----------------------------------------------------------------------------------
 
 
-async def latency_run(kind: str, bootstrap: str, rate: float, seconds: float, fetch_wait: int) -> RunResult:
+async def latency_run(
+    kind: str, kafka: RunningBroker, rate: float, seconds: float, fetch_wait: int
+) -> RunResult:
     """Start a worker, warm it up, then produce at `rate` events/s for `seconds`; latency per output."""
-    deployment = await deploy(kind, bootstrap, PARTITIONS, fetch_wait)
+    deployment = await deploy(kind, kafka, PARTITIONS, fetch_wait)
     proc = deployment.start_worker()
     try:
         warm = build_mix(WARMUP_EVENTS, WARMUP_EVENTS // 7, seed=5, run="warm")
         warm_produced = Produced()
-        await produce(bootstrap, deployment.input_topic, warm, warm_produced)
+        await produce(kafka.bootstrap_servers, deployment.input_topic, warm, warm_produced)
         await follow(
-            bootstrap,
+            kafka.bootstrap_servers,
             deployment.follow_topics,
             Tracker(warm.event_ids, warm_produced, deployment.dlq_topic),
             RUN_TIMEOUT,
@@ -577,8 +581,8 @@ async def latency_run(kind: str, bootstrap: str, rate: float, seconds: float, fe
         tracker = Tracker(paced.event_ids, produced, deployment.dlq_topic)
         sampler = Sampler([proc.pid], interval=0.1).start()
         await asyncio.gather(
-            produce(bootstrap, deployment.input_topic, paced, produced, rate=rate),
-            follow(bootstrap, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            produce(kafka.bootstrap_servers, deployment.input_topic, paced, produced, rate=rate),
+            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
         )
         await sampler.stop()
         if kind == "pipeline":
@@ -618,7 +622,7 @@ class MemoryResult:
     capped: bool
 
 
-async def memory_run(bootstrap: str, fetch_wait: int) -> MemoryResult:
+async def memory_run(kafka: RunningBroker, fetch_wait: int) -> MemoryResult:
     """Preload MEMORY_EVENTS over a tenth as many traces; sample RSS, progress and table sizes."""
     traces = max(1, MEMORY_EVENTS // 10)
     mix = build_mix(
@@ -629,9 +633,9 @@ async def memory_run(bootstrap: str, fetch_wait: int) -> MemoryResult:
         seconds_per_event=MEMORY_SPAN_DAYS * 86_400 / MEMORY_EVENTS,
     )
     deployment = await deploy(
-        "pipeline", bootstrap, PARTITIONS, fetch_wait, SWEEP_INTERVAL_SECONDS=str(MEMORY_SWEEP_SECONDS)
+        "pipeline", kafka, PARTITIONS, fetch_wait, SWEEP_INTERVAL_SECONDS=str(MEMORY_SWEEP_SECONDS)
     )
-    await produce(bootstrap, deployment.input_topic, mix, Produced())
+    await produce(kafka.bootstrap_servers, deployment.input_topic, mix, Produced())
     proc = deployment.start_worker()
     points: list[MemoryPoint] = []
     started = time.monotonic()
@@ -666,9 +670,9 @@ async def memory_run(bootstrap: str, fetch_wait: int) -> MemoryResult:
 # --- 4. scale-out ---------------------------------------------------------------------------------
 
 
-async def scale_run(workers: int, bootstrap: str, mix: Mix, fetch_wait: int) -> RunResult:
+async def scale_run(workers: int, kafka: RunningBroker, mix: Mix, fetch_wait: int) -> RunResult:
     """`workers` workers on SCALE_PARTITIONS partitions, all ready, then `mix` produced at once."""
-    deployment = await deploy("pipeline", bootstrap, SCALE_PARTITIONS, fetch_wait)
+    deployment = await deploy("pipeline", kafka, SCALE_PARTITIONS, fetch_wait)
     for _ in range(workers):
         deployment.start_worker()
     try:
@@ -677,8 +681,8 @@ async def scale_run(workers: int, bootstrap: str, mix: Mix, fetch_wait: int) -> 
         tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
         sampler = Sampler([p.pid for p in deployment.procs]).start()
         await asyncio.gather(
-            produce(bootstrap, deployment.input_topic, mix, produced),
-            follow(bootstrap, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
+            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
         )
         await sampler.stop()
     finally:
@@ -689,13 +693,15 @@ async def scale_run(workers: int, bootstrap: str, mix: Mix, fetch_wait: int) -> 
 # --- profile ---------------------------------------------------------------------------------------
 
 
-async def profile_run(bootstrap: str, mix: Mix, fetch_wait: int) -> list[tuple[str, float, float]] | None:
+async def profile_run(
+    kafka: RunningBroker, mix: Mix, fetch_wait: int
+) -> list[tuple[str, float, float]] | None:
     """One untimed worker run under `py-spy record`; the top self-time functions (share of samples)."""
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
         console.print("[yellow]profile skipped[/]: py-spy not installed (pip install py-spy)")
         return None
-    deployment = await deploy("pipeline", bootstrap, PARTITIONS, fetch_wait)
+    deployment = await deploy("pipeline", kafka, PARTITIONS, fetch_wait)
     proc = deployment.start_worker()
     raw = os.path.join(deployment.workdir, "profile.txt")
     try:
@@ -709,8 +715,8 @@ async def profile_run(bootstrap: str, mix: Mix, fetch_wait: int) -> list[tuple[s
         produced = Produced()
         tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
         await asyncio.gather(
-            produce(bootstrap, deployment.input_topic, mix, produced),
-            follow(bootstrap, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
+            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
         )
         recorder.send_signal(signal.SIGINT)
         await asyncio.to_thread(recorder.wait, 30)
@@ -864,7 +870,7 @@ class Machine:
 
 @dataclass
 class Context:
-    bootstrap: str
+    kafka: RunningBroker
     fetch_wait: int
     mix: Mix
     machine: Machine
@@ -887,7 +893,7 @@ async def _throughput(ctx: Context) -> None:
     for run in range(RUNS):
         for kind in results:
             try:
-                result = await throughput_run(kind, ctx.bootstrap, ctx.mix, ctx.fetch_wait)
+                result = await throughput_run(kind, ctx.kafka, ctx.mix, ctx.fetch_wait)
             except Exception as exc:
                 ctx.failed(f"throughput {kind} run {run + 1}", exc)
                 continue
@@ -937,7 +943,7 @@ async def _latency(ctx: Context) -> None:
     latency: dict[str, RunResult] = {}
     for kind in ("naive", "batched", "pipeline"):
         try:
-            latency[kind] = await latency_run(kind, ctx.bootstrap, rate, LATENCY_SECONDS, ctx.fetch_wait)
+            latency[kind] = await latency_run(kind, ctx.kafka, rate, LATENCY_SECONDS, ctx.fetch_wait)
         except Exception as exc:
             ctx.failed(f"latency {kind}", exc)
             continue
@@ -978,7 +984,7 @@ async def _memory(ctx: Context) -> None:
     """Section 3: the memory curve of a larger run."""
     ctx.machine.others()
     try:
-        memory = await memory_run(ctx.bootstrap, ctx.fetch_wait)
+        memory = await memory_run(ctx.kafka, ctx.fetch_wait)
     except Exception as exc:
         ctx.failed("memory run", exc)
         ctx.row("memory", "FAILED", "", str(exc)[:80], ctx.machine.others())
@@ -1031,7 +1037,7 @@ async def _scale(ctx: Context) -> None:
     scale: dict[int, RunResult] = {}
     for workers in (1, 2):
         try:
-            scale[workers] = await scale_run(workers, ctx.bootstrap, mix, ctx.fetch_wait)
+            scale[workers] = await scale_run(workers, ctx.kafka, mix, ctx.fetch_wait)
         except Exception as exc:
             ctx.failed(f"scale-out with {workers} worker(s)", exc)
             continue
@@ -1058,7 +1064,7 @@ async def _profile(ctx: Context) -> None:
     ctx.machine.others()
     try:
         mix = build_mix(2 * MIX_EVENTS, 2 * MIX_TRACES, seed=77, run="profile")
-        top = await profile_run(ctx.bootstrap, mix, ctx.fetch_wait)
+        top = await profile_run(ctx.kafka, mix, ctx.fetch_wait)
     except Exception as exc:
         ctx.failed("profile", exc)
         return
@@ -1079,7 +1085,7 @@ async def _profile(ctx: Context) -> None:
 SECTIONS = {"throughput": _throughput, "latency": _latency, "memory": _memory, "scale": _scale}
 
 
-async def _run_all(bootstrap: str, broker_kind: str, machine: Machine) -> int:
+async def _run_all(kafka: RunningBroker, machine: Machine) -> int:
     fetch_wait, worker_has_setting = fetch_wait_setting()
     wanted = {s.strip() for s in os.environ.get("BENCH_ONLY", ",".join(SECTIONS)).split(",") if s.strip()}
     if "latency" in wanted:
@@ -1091,7 +1097,7 @@ async def _run_all(bootstrap: str, broker_kind: str, machine: Machine) -> int:
         )
         return 1
     mix = build_mix(MIX_EVENTS, MIX_TRACES)
-    ctx = Context(bootstrap, fetch_wait, mix, machine)
+    ctx = Context(kafka, fetch_wait, mix, machine)
     console.print(f"mix: {mix.describe()}; load average before: {_loadavg()}")
     console.print(
         f"fetch wait {fetch_wait} ms (worker setting {'present' if worker_has_setting else 'absent'}), "
@@ -1106,7 +1112,7 @@ async def _run_all(bootstrap: str, broker_kind: str, machine: Machine) -> int:
 
     table = Table(
         title=(
-            f"pipeline benchmark ({_revision()}): {broker_kind} broker, {os.cpu_count()} cores, "
+            f"pipeline benchmark ({_revision()}): {kafka.kind} broker, {os.cpu_count()} cores, "
             f"fetch wait {fetch_wait} ms, {PARTITIONS} partition(s), {RUNS} run(s) each "
             f"(median \\[min-max]); mix {mix.describe()}"
         )
@@ -1135,7 +1141,7 @@ def main() -> int:
     machine = Machine()
     with broker() as running:
         try:
-            failures = asyncio.run(_run_all(running.bootstrap_servers, running.kind, machine))
+            failures = asyncio.run(_run_all(running, machine))
         except Exception:
             traceback.print_exc()
             failures = 1

@@ -150,6 +150,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         # falls behind holds two batches in memory, not thousands of records.
         stream_buffer_maxsize=2 * settings.batch_size,
         table_cleanup_interval=settings.sweep_interval_seconds,
+        recovery_consistency_check=settings.recovery_consistency_check,
         TableManager=SeekThenResumeTableManager,  # fixes a record-loss race on restart, see streams/recovery.py
     )
     metrics = metrics_module.create(registry, settings.metrics_label_cap)

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     consumer_fetch_max_wait_ms: int = Field(
         20, ge=0, le=60_000, description="Longest a consumer fetch waits for data (Faust's own is 1500)."
     )
+    # Faust's start-of-recovery check that a standby has not read past the changelog's end. With the
+    # in-memory store it can only fire on a broker reporting a stale end offset (the embedded test
+    # broker does, DESIGN section 7); the harness turns it off there, never by default.
+    recovery_consistency_check: bool = True
     # Python collects its youngest generation every 700 allocations by default; the worker allocates
     # models per event, so a larger generation 0 cut its CPU per event by about 15 % (README Performance).
     gc_gen0_threshold: int = Field(

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from streams.config import load_settings
 from streams.demo import DemoTraffic, demo_traffic
-from streams.harness import broker
+from streams.harness import RunningBroker, broker
 from streams.kafka_io import Consumed, WorkerProcess, collect, produce
 from streams.progress import StepProgress
 from streams.topics import create_topics
@@ -37,10 +37,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def worker_env(bootstrap: str, suffix: str, data_dir: str, web_port: int, **extra: str) -> dict[str, str]:
+def worker_env(
+    broker: RunningBroker, suffix: str, data_dir: str, web_port: int, **extra: str
+) -> dict[str, str]:
     """Environment for a worker on a private set of topics (`suffix`) with fast group timeouts."""
     env = {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "APP_ID": f"confidence-streams{suffix}",
         "INPUT_TOPICS": f"agent-events{suffix}",
         "SCORED_TOPIC": f"scored-events{suffix}",
@@ -53,6 +55,7 @@ def worker_env(bootstrap: str, suffix: str, data_dir: str, web_port: int, **extr
         "BROKER_SESSION_TIMEOUT_SECONDS": "6",
         "BROKER_HEARTBEAT_INTERVAL_SECONDS": "0.5",
         "BROKER_REBALANCE_TIMEOUT_SECONDS": "4",
+        **broker.worker_settings,
     }
     env.update(extra)
     return env
@@ -114,7 +117,7 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
         data_dir = tempfile.mkdtemp(prefix="confidence-demo-")
         web_port = _free_port()
         # Few outcomes in a demo: report calibration from 5 of them (default 20).
-        env = worker_env(running.bootstrap_servers, suffix, data_dir, web_port, CALIBRATION_MIN_SAMPLES="5")
+        env = worker_env(running, suffix, data_dir, web_port, CALIBRATION_MIN_SAMPLES="5")
         settings = load_settings(**{k.lower(): v for k, v in env.items()})
         progress.begin("topics", "creating topics")
         created = asyncio.run(create_topics(settings))

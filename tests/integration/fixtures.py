@@ -99,7 +99,7 @@ class Deployment:
 def deploy(kafka: RunningBroker, partitions: int = 4, **extra: str) -> Deployment:
     suffix = f"-t{uuid.uuid4().hex[:8]}"
     workdir = tempfile.mkdtemp(prefix="confidence-test-")
-    env = worker_env(kafka.bootstrap_servers, suffix, workdir, 0, TOPIC_PARTITIONS=str(partitions), **extra)
+    env = worker_env(kafka, suffix, workdir, 0, TOPIC_PARTITIONS=str(partitions), **extra)
     settings = load_settings(**{k.lower(): v for k, v in env.items()})
     asyncio.run(create_topics(settings))
     return Deployment(kafka, suffix, settings, env, workdir)

@@ -31,10 +31,32 @@ def _assigned_partitions(port: int) -> int | None:
         return None
 
 
-def _wait_until(condition: str, check: object, timeout: float = 60.0) -> None:
+def _readyz(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return str(response.read().decode())
+    except urllib.error.HTTPError as error:
+        return f"{error.code} {error.read().decode()}"
+    except (urllib.error.URLError, OSError) as error:
+        return repr(error)
+
+
+def _diagnosis(d: Deployment) -> str:
+    """Each worker's /readyz answer and the last warnings and errors of its log."""
+    parts = []
+    for n, (worker, port) in enumerate(zip(d.workers, d.web_ports, strict=True)):
+        with open(worker.log_path, errors="replace") as handle:
+            notable = [line for line in handle if "WARN" in line or "ERROR" in line or "Traceback" in line]
+        alive = "running" if worker.alive() else "exited"
+        parts.append(f"worker {n} ({alive}) /readyz: {_readyz(port)}\n" + "".join(notable[-15:]))
+    return "\n".join(parts)
+
+
+def _wait_until(condition: str, check: object, d: Deployment, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting until {condition}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {condition}\n{_diagnosis(d)}")
         time.sleep(0.2)
 
 
@@ -76,19 +98,19 @@ def test_events_flowing_while_workers_leave_and_join_are_all_scored(kafka: Runni
         return _assigned_partitions(port) or 0
 
     try:
-        _wait_until("both workers own a share", lambda: _assigned_partitions(d.web_ports[1]) is not None)
+        _wait_until("both workers own a share", lambda: None not in map(_assigned_partitions, d.web_ports), d)
         shared = owned()
         with Trickle(d) as trickle:
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             leaving.stop()
-            _wait_until("the staying worker took over every partition", lambda: owned() > shared)
+            _wait_until("the staying worker took over every partition", lambda: owned() > shared, d)
             alone = owned()
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             joining = d.start_worker()
-            _wait_until("the joining worker took a share", lambda: 0 < owned() < alone)
+            _wait_until("the joining worker took a share", lambda: 0 < owned() < alone, d)
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             joining.stop()
-            _wait_until("the staying worker took over every partition", lambda: owned() == alone)
+            _wait_until("the staying worker took over every partition", lambda: owned() == alone, d)
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
         sent = set(trickle.sent)
         assert len(sent) > 1000, f"only {len(sent)} events were produced"

@@ -170,7 +170,7 @@ def _platform_env(kafka: RunningBroker, **extra: str) -> dict[str, str]:
     suffix = f"-p{os.urandom(4).hex()}"
     workdir = os.path.join("/tmp", f"confidence-platform{suffix}")
     os.makedirs(workdir, exist_ok=True)
-    return worker_env(kafka.bootstrap_servers, suffix, workdir, free_port(), **extra)
+    return worker_env(kafka, suffix, workdir, free_port(), **extra)
 
 
 def _public_topics_only(kafka: RunningBroker, **extra: str) -> Deployment:

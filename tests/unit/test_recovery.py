@@ -12,6 +12,8 @@ from faust.types import TP
 
 from streams.app import create_app
 from streams.config import load_settings
+from streams.demo_runner import worker_env
+from streams.harness import RunningBroker
 from streams.recovery import SeekThenResumeRecovery
 
 
@@ -85,3 +87,13 @@ async def test_a_partition_that_lost_fetched_records_during_the_seek_is_sought_a
 
     assert [name for name, _ in consumer.calls] == ["seek", "seek", "resume"]
     assert consumer.seeks == 2
+
+
+def test_the_consistency_check_is_on_unless_the_broker_reports_stale_end_offsets() -> None:
+    assert create_app(load_settings()).app.conf.recovery_consistency_check is True
+    tansu = RunningBroker("tansu", "127.0.0.1:1")
+    kafka = RunningBroker("apache-kafka", "127.0.0.1:1")
+    assert worker_env(kafka, "-x", "/tmp", 0).get("RECOVERY_CONSISTENCY_CHECK") is None
+    env = worker_env(tansu, "-x", "/tmp", 6066)
+    settings = load_settings(**{k.lower(): v for k, v in env.items()})
+    assert create_app(settings).app.conf.recovery_consistency_check is False
