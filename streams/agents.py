@@ -25,7 +25,7 @@ import faust
 from pydantic import BaseModel
 
 from streams.app import AckedTable, Service, SourcePartitionedTable
-from streams.batch_send import RecordBatches, changelog_records, output_records
+from streams.batch_send import RecordBatches, output_records
 from streams.faults import FaultPoint
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
@@ -291,7 +291,7 @@ class BatchRunner:
             self._inject("table", batch)
         # Taken from every table before the first await, so a sweep cannot take (and not wait for) them.
         changelog = [record for table in self.tables for record in table.take_changelog()]
-        await self._acknowledged(await self.sender().send(changelog_records(changelog)))
+        await self._acknowledged(await self.sender().send(changelog))
         stored = time.perf_counter()
         m.child(m.batch_seconds, self.agent, "process").observe(processed - started)
         m.child(m.batch_seconds, self.agent, "outputs").observe(sent - processed)
@@ -415,7 +415,7 @@ def attach_agents(svc: Service) -> None:
             svc.calibration_groups,
             svc.calibration_hours,
         )
-        deletions = changelog_records(record for table in tables for record in table.take_changelog())
+        deletions = [record for table in tables for record in table.take_changelog()]
         await RecordBatches.of(app).send(deletions)
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)

@@ -7,8 +7,9 @@ about three records (outputs, copies, changelog), so this is the produce path of
 sweep. Partitions follow Kafka's default partitioner (murmur2 of the key over the topic's partition
 count, as aiokafka's would), so keyed records land where `producer.send()` would have put them.
 
-Changelog records bypass Faust's `publish_message` and with it the table's `_on_changelog_sent`
-callback, which only records persisted offsets for RocksDB stores; the tables here are memory stores.
+Changelog records (`AckedTable.take_changelog`) bypass Faust's `publish_message` and with it the
+table's `_on_changelog_sent` callback, which only records persisted offsets for RocksDB stores; the
+tables here are memory stores.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from typing import Any, NamedTuple
 
 import faust
 from aiokafka import AIOKafkaProducer
-from faust.types import FutureMessage
 
 from streams.stages import Record
 from streams.stages.common import key_partition
 
-__all__ = ["Outgoing", "RecordBatches", "changelog_records", "output_records"]
+__all__ = ["Outgoing", "RecordBatches", "output_records"]
 
 
 class Outgoing(NamedTuple):
@@ -39,16 +39,6 @@ class Outgoing(NamedTuple):
 
 def output_records(records: Iterable[Record]) -> list[Outgoing]:
     return [Outgoing(r.topic, r.key, r.value, r.partition, r.headers) for r in records]
-
-
-def changelog_records(futures: Iterable[FutureMessage]) -> list[Outgoing]:
-    """Changelog records a table queued (`AckedTable.take_changelog`): serialized, partition fixed."""
-    records = []
-    for future in futures:
-        message = future.message
-        topic = message.channel.get_topic_name()
-        records.append(Outgoing(topic, message.key, message.value, message.partition, None))
-    return records
 
 
 class RecordBatches:
