@@ -29,7 +29,7 @@ class AckedTable(faust.Table):  # type: ignore[misc]
     ms per batch at 400 events/s; sent directly, as the outputs are, the state step is as fast as the
     output step. Keys and values are bytes already (raw serializers), so a write queues the record as
     it will be sent, not Faust's `FutureMessage` (an asyncio future, a message and codec calls per
-    write: about 8 % of the worker's CPU in a py-spy profile).
+    write): the worker's CPU per event went down 3-4 % in A/B runs (docs/DECISIONS.md, fifth round).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
