@@ -8,36 +8,32 @@ around the worker leaving or joining.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.error
-import urllib.request
 
 import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import Deployment, EventFactory, deploy
+from tests.integration.fixtures import Deployment, EventFactory, deploy, health
 
 TRAFFIC_AROUND_EACH_CHANGE_SECONDS = 4.0  # events keep flowing this long after each membership change
 
 
 def _assigned_partitions(port: int) -> int | None:
+    """None while the worker is starting (refused) or rebalancing (503)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
-            return int(json.loads(response.read())["assigned_partitions"])
-    except (urllib.error.URLError, OSError):  # 503 while rebalancing, refused while starting
+        status, body = health(port, "/readyz", timeout=5)
+    except (urllib.error.URLError, OSError, ValueError):
         return None
+    return int(body["assigned_partitions"]) if status == 200 else None
 
 
 def _readyz(port: int) -> str:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
-            return str(response.read().decode())
-    except urllib.error.HTTPError as error:
-        return f"{error.code} {error.read().decode()}"
-    except (urllib.error.URLError, OSError) as error:
+        return str(health(port, "/readyz", timeout=5))
+    except (urllib.error.URLError, OSError, ValueError) as error:
         return repr(error)
 
 

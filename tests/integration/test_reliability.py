@@ -9,13 +9,10 @@ sense: one output event id per input, however many copies).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import orjson
@@ -26,7 +23,14 @@ from streams.config import load_settings
 from streams.demo_runner import worker_env
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, WorkerProcess
-from tests.integration.fixtures import Deployment, EventFactory, create_plain_topics, deploy, free_port
+from tests.integration.fixtures import (
+    Deployment,
+    EventFactory,
+    create_plain_topics,
+    deploy,
+    free_port,
+    health,
+)
 
 
 def _traffic(tenant: str, n: int = 60) -> list[dict[str, Any]]:
@@ -117,14 +121,6 @@ def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
     assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
 
 
-def _health(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=1, BATCH_SIZE="5", FAULT_INJECTION="send:score-events:3")
     worker = d.start_worker()
@@ -135,7 +131,7 @@ def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                status, body = _health(port, "/readyz")
+                status, body = health(port, "/readyz")
             except OSError:
                 time.sleep(0.05)
                 continue
@@ -144,7 +140,7 @@ def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
                 break
             time.sleep(0.05)
         assert seen and seen[-1][1] == 200 and seen[-1][2] == "ready"
-        assert _health(port, "/healthz")[0] == 200
+        assert health(port, "/healthz")[0] == 200
         # Now feed it until the third batch fails: both endpoints answer 503 with the reason.
         d.produce(_traffic("health", n=40))
         failing: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -152,7 +148,7 @@ def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
         while time.monotonic() < deadline and len(failing) < 2 and worker.alive():
             for path in ("/healthz", "/readyz"):
                 try:
-                    status, body = _health(port, path)
+                    status, body = health(port, path)
                 except OSError:
                     continue
                 if status == 503:
