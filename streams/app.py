@@ -35,7 +35,6 @@ class AckedTable(faust.Table):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._unsent: list[Outgoing] = []
-        self._changelog_name: str | None = None
 
     def on_key_set(self, key: bytes, value: bytes) -> None:
         self._unsent.append(self._changelog_record(key, value))
@@ -49,9 +48,7 @@ class AckedTable(faust.Table):  # type: ignore[misc]
         partition = self.partition_for_key(key)
         if partition is None:  # Faust's use_partitioner tables: not used here, the partition must be known
             raise TypeError(f"table {self.name}: no changelog partition for key {key!r}")
-        if self._changelog_name is None:
-            self._changelog_name = self.changelog_topic.get_topic_name()
-        return Outgoing(self._changelog_name, key, value, partition)
+        return Outgoing(self.changelog_topic.get_topic_name(), key, value, partition)
 
     def take_changelog(self) -> list[Outgoing]:
         """The changelog records written since the last call, not sent yet (see streams/batch_send.py)."""

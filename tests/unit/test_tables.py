@@ -35,5 +35,5 @@ def test_deleting_an_absent_key_queues_nothing() -> None:
 
 def test_a_write_without_a_known_partition_is_refused() -> None:
     svc = create_app(load_settings())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="no changelog partition"):
         svc.traces[b"acme/t1"] = b"{}"  # not through set_from, outside any stream: no partition
