@@ -7,7 +7,8 @@
 | `PASSTHROUGH_MODE` | `naive`: `async for` + `await topic.send` per event; `batched`: `noack_take` batches, every event sent through the app's producer, the futures awaited, then each event acked (the shape of the confidence-streams agents) |
 | `PASSTHROUGH_APP_ID`, `PASSTHROUGH_INPUT`, `PASSTHROUGH_OUTPUT` | its own group and topics |
 | `KAFKA_BOOTSTRAP_SERVERS`, `TOPIC_PARTITIONS`, `WEB_PORT`, `DATA_DIR` | as for the worker |
-| `CONSUMER_FETCH_MAX_WAIT_MS` | the consumer's fetch wait, the same value the worker gets, set the worker's way (`streams.transport.FetchWaitApp`; Faust alone hardcodes 1500) |
+| `CONSUMER_FETCH_MAX_WAIT_MS` | the consumer's fetch wait, the same value the worker gets (Faust alone hardcodes 1500) |
+| `PASSTHROUGH_CONSUMER` | `faust` (default): Faust's own consumer, only the fetch wait set; `streams`: the worker's consumer (`streams.transport.FetchWaitApp`, with its cheaper hand-over of each record), to show what that change alone is worth |
 | `BATCH_SIZE`, `BATCH_WITHIN_SECONDS`, `PRODUCER_*`, `BROKER_*` | the worker's settings, so only the agent differs |
 """
 
@@ -60,18 +61,20 @@ def create_app() -> faust.App:
     fetch_wait = int(_env("CONSUMER_FETCH_MAX_WAIT_MS", str(FAUST_FETCH_MAX_WAIT_MS)))
     partitions = int(_env("TOPIC_PARTITIONS", "4"))
     bootstrap = _env("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+    consumer = _env("PASSTHROUGH_CONSUMER", "faust")
+    if consumer not in ("faust", "streams"):
+        raise SystemExit(f"PASSTHROUGH_CONSUMER must be faust or streams, not {consumer!r}")
     options: dict[str, Any] = {}
-    try:  # the worker's own mechanism, so both sides get the fetch wait the same way
+    app_class: type[faust.App] = faust.App
+    if consumer == "streams":
         from streams.transport import FetchWaitApp
 
-        app_class: type[faust.App] = FetchWaitApp
+        app_class = FetchWaitApp
         options["consumer_fetch_max_wait_ms"] = fetch_wait
-    except ImportError:
-        app_class = faust.App
-        if fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
-            set_fetch_max_wait(fetch_wait)
+    elif fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
+        set_fetch_max_wait(fetch_wait)
     app = app_class(
-        _env("PASSTHROUGH_APP_ID", f"bench-passthrough-{mode}"),
+        _env("PASSTHROUGH_APP_ID", f"bench-passthrough-{mode}-{consumer}"),
         **options,
         broker=[f"kafka://{server.strip()}" for server in bootstrap.split(",")],
         store="memory://",

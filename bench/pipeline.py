@@ -4,9 +4,11 @@
 topics, a fresh consumer group and fresh worker processes. Sections:
 
 1. Throughput on a preloaded realistic mix (bench/mix.py), timed from the first output's record
-   timestamp to the last, for the naive passthrough (`async for` + `await topic.send` per event), the
-   batched passthrough (`noack_take`, the app's producer, futures awaited, then ack; the shape of the
-   service's agents) and the confidence-streams worker, which is done when every input has its own
+   timestamp to the last, for the naive passthrough (`async for` + `await topic.send` per event, on
+   Faust's own consumer: the baseline), the same passthrough on the worker's consumer
+   (streams/transport.py, which hands records to the streams more cheaply), the batched passthrough
+   (`noack_take`, the app's producer, futures awaited, then ack; the shape of the service's agents,
+   on Faust's consumer) and the confidence-streams worker, which is done when every input has its own
    output (RESPONSE_SCORED, TRACE_SCORED, CLAIM_SCORED with cause self, or a dead letter). Worker CPU
    (utime + stime) over the same window per input event, and resident memory (VmRSS).
 2. Latency: a paced producer at half the worker's measured throughput; each output's record timestamp
@@ -345,7 +347,7 @@ def fetch_wait_setting() -> tuple[int, bool]:
 class Deployment:
     """Private topics and the worker processes of one contestant."""
 
-    kind: str  # "naive", "batched" or "pipeline"
+    kind: str  # "naive", "naive-ours", "batched" or "pipeline"
     bootstrap: str
     workdir: str
     partitions: int
@@ -409,7 +411,8 @@ async def deploy(
     # The passthrough gets the worker's settings (group timeouts, producer batching, batch size).
     topic_in, topic_out = f"bench-in-{kind}{suffix}", f"bench-out-{kind}{suffix}"
     env.update(
-        PASSTHROUGH_MODE=kind,
+        PASSTHROUGH_MODE=kind.removesuffix("-ours"),
+        PASSTHROUGH_CONSUMER="streams" if kind.endswith("-ours") else "faust",
         PASSTHROUGH_APP_ID=f"bench-passthrough-{kind}{suffix}",
         PASSTHROUGH_INPUT=topic_in,
         PASSTHROUGH_OUTPUT=topic_out,
@@ -889,7 +892,7 @@ class Context:
 async def _throughput(ctx: Context) -> None:
     """Section 1: the three contestants interleaved, so drift spreads over all of them."""
     ctx.machine.others()
-    results: dict[str, list[RunResult]] = {"naive": [], "batched": [], "pipeline": []}
+    results: dict[str, list[RunResult]] = {"naive": [], "naive-ours": [], "batched": [], "pipeline": []}
     for run in range(RUNS):
         for kind in results:
             try:
@@ -899,13 +902,14 @@ async def _throughput(ctx: Context) -> None:
                 continue
             results[kind].append(result)
             console.print(
-                f"throughput {kind:8} run {run + 1}: {result.rate:8,.0f} events/s, "
+                f"throughput {kind:10} run {run + 1}: {result.rate:8,.0f} events/s, "
                 f"{result.cpu_us:6.0f} us CPU/event, RSS {result.rss_mb:5.0f} MB, "
                 f"{result.seconds:.2f} s, {result.cpu_share:.2f} cores, dead letters {result.dead}"
             )
     others = ctx.machine.others()
     labels = {
         "naive": "naive Faust passthrough (async for + topic.send)",
+        "naive-ours": "naive passthrough on the worker's consumer (streams/transport.py)",
         "batched": "batched Faust passthrough (noack_take + producer.send)",
         "pipeline": "confidence-streams worker (every input scored)",
     }
@@ -927,6 +931,9 @@ async def _throughput(ctx: Context) -> None:
         )
         if kind == "pipeline" and base_rate:
             figures += f"; targets: >= 1.0x throughput (1.5x = {1.5 * base_rate:,.0f}/s), CPU <= 2.0x"
+            if results["naive-ours"]:
+                ours = statistics.median(r.rate for r in results["naive-ours"])
+                figures += f"; {_ratio(rate, ours)} the naive passthrough on the worker's consumer"
         baseline = "naive passthrough" if kind != "naive" else "(baseline)"
         ctx.row(f"throughput: {labels[kind]}", _ratio(rate, base_rate), baseline, figures, others)
     if results["pipeline"]:

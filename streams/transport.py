@@ -1,4 +1,5 @@
-"""Faust's aiokafka transport with two changes: a configurable fetch wait, and no silently dropped fetch.
+"""Faust's aiokafka transport with three changes: a configurable fetch wait, no silently dropped fetch,
+and a cheaper hand-over of each fetched record to the streams.
 
 1. faust-streaming 0.15.3 hard-codes `fetch_max_wait_ms=1500` for the worker's consumer. A fetch that
    finds no data waits that long, and on brokers that hold fetches (Tansu holds each one for about
@@ -16,14 +17,24 @@
    partitions lost records (`dropped_partitions`): the recovery (streams/recovery.py) seeks again
    before it resumes a stream partition that lost records after its seek, and outside a rebalance
    the partition is sought straight back to its first dropped record.
+
+3. Faust's `Consumer._drain_messages` hands each fetched record to the streams with
+   `wait_first(callback(message), suspend_flow.wait())`: four tasks and an `asyncio.wait` per record,
+   so that a hand-over blocked on a full stream buffer is given up when a rebalance suspends the flow.
+   That cost about 45 us of CPU per record (bench: the naive passthrough went from 157 to 110 us per
+   event with it removed), more than the rest of what a Faust agent that forwards bytes costs. A
+   hand-over almost never waits, so this loop first runs it directly (`_deliver`); one that does wait
+   is finished under Faust's `wait_first`, with the same effect as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, cast
 
 import faust
+from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 
@@ -81,6 +92,76 @@ class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
         if first_dropped:
             await self._after_dropping(first_dropped)
 
+    async def _drain_messages(self, fetcher: Any) -> None:
+        # faust 0.15.3 Consumer._drain_messages; the one change is `_deliver` instead of
+        # `await self.wait_first(callback(message), self.suspend_flow.wait())`.
+        getmany = self.getmany
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        get_read_offset = self._read_offset.__getitem__
+        set_read_offset = self._read_offset.__setitem__
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        commit_every = self._commit_every
+        yield_every = 100
+        num_since_yield = 0
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                ait = getmany(timeout=1.0)
+                await self.sleep(0)  # getmany can return at once many times in a row
+                if not self.should_stop:
+                    async for tp, message in ait:
+                        num_since_yield += 1
+                        if num_since_yield > yield_every:
+                            await asyncio.sleep(0)
+                            num_since_yield = 0
+                        offset = message.offset
+                        r_offset = get_read_offset(tp)
+                        if r_offset is None or offset >= r_offset:
+                            gap = offset - (r_offset or 0)
+                            if gap > 1 and r_offset and acks_enabled_for(message.topic):
+                                await self._add_gap(tp, r_offset + 1, offset)
+                            if commit_every is not None and self._n_acked >= commit_every:
+                                self._n_acked = 0
+                                await self.commit()
+                            await self._deliver(message)
+                            set_read_offset(tp, offset)
+                        else:
+                            self.log.dev(
+                                "DROPPED MESSAGE ROFF %r: k=%r v=%r", offset, message.key, message.value
+                            )
+                    self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
+
+    async def _deliver(self, message: Message) -> None:
+        """Hand `message` to its streams; give up, as Faust does, if it has to wait and the flow stops.
+
+        The hand-over (Faust's conductor putting the event on each stream's buffer) is run one step
+        by hand. Almost always it finishes in that step and no task is needed. If it has to wait (a
+        full buffer, or suspended flow control), the rest runs under Faust's `wait_first` against
+        `suspend_flow`, exactly as Faust runs the whole of it.
+        """
+        delivery = cast(Coroutine[Any, Any, Any], self.callback(message))  # Faust's conductor: a coroutine
+        try:
+            awaiting = delivery.send(None)
+        except StopIteration:
+            return
+        await self.wait_first(_finish(delivery, awaiting), self.suspend_flow.wait())
+
     async def _after_dropping(self, first_dropped: dict[TP, int]) -> None:
         self.dropped_partitions.update(first_dropped)
         if self.app.rebalancing:
@@ -94,6 +175,29 @@ class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
                 await self.seek(tp, offset)
             except Exception as exc:  # a rebalance began: its recovery seeks to the committed offset
                 self.log.warning("Could not seek %s back to %s: %r", tp, offset, exc)
+
+
+async def _finish(coroutine: Coroutine[Any, Any, Any], awaiting: Any) -> Any:
+    """Run `coroutine` to its end as a task would, after its first step yielded `awaiting`.
+
+    A coroutine yields to its task the future it waits for (or None: "run me again soon"); the task
+    resumes it when that future is done, and the coroutine reads the future's result itself. If this
+    task is cancelled, the cancellation is thrown into the coroutine, as a task does.
+    """
+    while True:
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            if awaiting is None:
+                await asyncio.sleep(0)
+            else:
+                awaiting._asyncio_future_blocking = False  # what a task does with a future it waits for
+                await asyncio.wait((awaiting,))  # done, whatever its outcome: the coroutine reads it
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        try:
+            awaiting = coroutine.send(None) if cancelled is None else coroutine.throw(cancelled)
+        except StopIteration as done:
+            return done.value
 
 
 class _Transport(faust_aiokafka.Transport):  # type: ignore[misc]

@@ -1,9 +1,12 @@
 """Worker tuning settings reach what they tune: CONSUMER_FETCH_MAX_WAIT_MS the aiokafka consumer Faust
-builds (Faust hard-codes 1500 ms), GC_GEN0_THRESHOLD the garbage collector. And the consumer's
-`getmany` never drops fetched records silently (tests/integration/test_rebalance.py end to end)."""
+builds (Faust hard-codes 1500 ms), GC_GEN0_THRESHOLD the garbage collector. The consumer's
+`getmany` never drops fetched records silently (tests/integration/test_rebalance.py end to end), and its
+cheaper hand-over of each record behaves as Faust's `wait_first` does (delivered, or given up when a
+rebalance suspends the flow)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
@@ -90,3 +93,85 @@ async def test_outside_a_rebalance_a_partition_is_sought_back_to_its_first_undel
 
     assert delivered == [(active, 5)]
     assert consumer.sought == [(paused, 40)]
+
+
+# --- the hand-over of each fetched record (`_deliver`) ------------------------------------------------
+
+
+def _consumer_with_callback(callback: Any) -> Any:
+    consumer = create_app(load_settings()).app.consumer
+    consumer.callback = callback
+    return consumer
+
+
+async def test_a_hand_over_that_does_not_wait_runs_without_faust_wait_first() -> None:
+    delivered: list[str] = []
+
+    async def callback(message: str) -> None:
+        delivered.append(message)
+
+    consumer = _consumer_with_callback(callback)
+
+    async def no_wait_first(*coros: Any, timeout: Any = None) -> None:
+        raise AssertionError("wait_first (four tasks per record) should not be needed")
+
+    consumer.wait_first = no_wait_first
+    await consumer._deliver("m1")
+    assert delivered == ["m1"]
+
+
+async def test_a_hand_over_that_waits_finishes_with_the_result_it_waited_for() -> None:
+    loop = asyncio.get_running_loop()
+    room: asyncio.Future[str] = loop.create_future()
+    delivered: list[tuple[str, str]] = []
+
+    async def callback(message: str) -> None:
+        await asyncio.sleep(0)  # a bare yield first, then a future
+        delivered.append((message, await room))
+
+    consumer = _consumer_with_callback(callback)
+    delivery = asyncio.create_task(consumer._deliver("m1"))
+    await asyncio.sleep(0.01)
+    assert not delivery.done() and delivered == []
+    room.set_result("room")
+    await asyncio.wait_for(delivery, 1)
+    assert delivered == [("m1", "room")]
+
+
+async def test_a_failure_the_hand_over_waited_on_reaches_it() -> None:
+    loop = asyncio.get_running_loop()
+    room: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+
+    async def callback(message: str) -> None:
+        try:
+            await room
+        except KeyError as exc:
+            seen.append(f"{message}: {exc!r}")
+
+    consumer = _consumer_with_callback(callback)
+    delivery = asyncio.create_task(consumer._deliver("m1"))
+    await asyncio.sleep(0.01)
+    room.set_exception(KeyError("gone"))
+    await asyncio.wait_for(delivery, 1)
+    assert seen == ["m1: KeyError('gone')"]
+
+
+async def test_a_waiting_hand_over_is_given_up_when_a_rebalance_suspends_the_flow() -> None:
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    outcome: list[str] = []
+
+    async def callback(message: str) -> None:
+        try:
+            await never  # a full stream buffer
+            outcome.append("delivered")
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    consumer = _consumer_with_callback(callback)
+    delivery = asyncio.create_task(consumer._deliver("m1"))
+    await asyncio.sleep(0.01)
+    consumer.suspend_flow.set()  # what Faust does when partitions are revoked
+    await asyncio.wait_for(delivery, 1)  # the drain loop goes on; the record is read again later
+    assert outcome == ["cancelled"]
