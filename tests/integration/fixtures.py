@@ -48,13 +48,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
-    """Status and JSON body of a worker's `/healthz` or `/readyz` (503 answers included)."""
+def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """Status and body of a GET on a worker's web port; error answers (404, 503) are answers too."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
-            return response.status, json.loads(response.read())
+            return response.status, response.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        return exc.code, exc.read()
+
+
+def get_json(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+    """Status and JSON body of a GET on a worker's web port (views, health)."""
+    status, body = http_get(port, path, timeout)
+    return status, json.loads(body)
+
+
+def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
+    """Status and JSON body of a worker's `/healthz` or `/readyz` (503 answers included)."""
+    return get_json(port, path, timeout)
 
 
 @dataclass

@@ -8,7 +8,6 @@ advice computed here from the same (confidence, outcome) pairs, and be near the 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -23,7 +22,7 @@ import pytest
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
 from streams.scoring import calibration
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, get_json
 from tests.integration.test_metrics_values import _scrape
 
 N = 500  # responses per model
@@ -31,10 +30,7 @@ N = 500  # responses per model
 
 def view(d: Deployment, path: str) -> tuple[int, dict[str, Any]]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{d.web_ports[0]}{path}", timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        return get_json(d.web_ports[0], path)
     except urllib.error.URLError:  # the worker's web server is not up yet
         return 0, {}
 

@@ -20,8 +20,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -34,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, WorkerProcess
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
 
 TOOLS = [
     ("find", "Widget", {"result_count": 3}),
@@ -199,11 +197,8 @@ def _content(o: dict[str, Any]) -> bytes:
 
 
 def _get_json(port: int, path: str) -> Any:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            body = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        body = {"status": exc.code, "body": exc.read().decode(errors="replace")}
+    status, raw = http_get(port, path)
+    body = json.loads(raw) if status < 400 else {"status": status, "body": raw.decode(errors="replace")}
     if isinstance(body, dict):
         body.pop("as_of", None)  # the claim view re-scores at the wall clock; only as_of depends on it
     return body

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -10,16 +9,11 @@ from datetime import UTC, datetime
 
 from streams.harness import RunningBroker
 from streams.stages.common import key_partition
-from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy, get_json
 
 
 def _status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            json.loads(response.read())
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
+    return get_json(port, path, timeout=5)[0]
 
 
 def _wait_for_status(port: int, path: str, status: int, what: str) -> None:

@@ -18,8 +18,6 @@ import json
 import os
 import struct
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
 
 # Distinctive logprobs: ten decimals each, so no score, offset or timestamp can contain them by chance.
 LEAKS = (-0.7318264951, -1.2345678901, -2.9182736455, -0.0461938257, -3.5072916483, -0.6193847526)
@@ -125,14 +123,6 @@ def _record_bytes(record: Consumed) -> bytes:
     for name, value in record.headers:
         parts += [name.encode(), value or b""]
     return b"\n".join(parts)
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:  # a 404 body is audited too
-        return exc.code, exc.read()
 
 
 def _directory_bytes(root: str) -> dict[str, bytes]:
@@ -256,7 +246,7 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         port = d.web_ports[0]
         # The outcome's join runs after the outputs above: wait until its calibration group exists.
         deadline = time.monotonic() + 60
-        while _get(port, "/calibration/leak")[0] != 200:
+        while http_get(port, "/calibration/leak")[0] != 200:
             assert time.monotonic() < deadline, "the outcome was never joined with its score"
             time.sleep(0.2)
         paths = ["/healthz", "/metrics"]
@@ -265,7 +255,7 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         paths += ["/claims/leak/k1?min_lower=0.1&min_width=0.05&min_upper=0.2&max_lower=0.99"]
         paths += [f"/agents/leak/{a}" for a in ("planner-1", "clerk-1", "no-such-agent")]
         paths += ["/agents/leak/planner-1?hours=24", "/calibration/leak", "/calibration/leak?kind=response"]
-        views = {path: _get(port, path) for path in paths}
+        views = {path: http_get(port, path) for path in paths}
     finally:
         # SIGTERM: Faust flushes the producer (changelogs included) before it exits.
         assert worker.stop() == 0

@@ -8,7 +8,6 @@ and the expected values (gauges, the order in which label values meet the cap) a
 from __future__ import annotations
 
 import time
-import urllib.request
 from typing import Any
 
 import orjson
@@ -16,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -33,8 +32,9 @@ COUNT_BUCKETS = ("0.0", "1.0", "2.0", "3.0", "4.0", "5.0", "6.0", "7.0", "8.0", 
 
 def _scrape(port: int) -> dict[str, dict[Labels, float]]:
     """Sample name -> {sorted labels -> value}, parsed with prometheus_client's own parser."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    status, body = http_get(port, "/metrics")
+    assert status == 200, body
+    text = body.decode()
     samples: dict[str, dict[Labels, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

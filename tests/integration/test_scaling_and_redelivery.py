@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,7 @@ import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import Deployment, EventFactory, deploy
+from tests.integration.fixtures import Deployment, EventFactory, deploy, get_json, http_get
 
 
 def _phases(tenant: str) -> list[tuple[list[dict[str, Any]], int]]:
@@ -113,8 +111,7 @@ def test_two_workers_match_one_worker(kafka: RunningBroker) -> None:
         two = {_key(o) for o in _scored(double, _run(double, phases))}
         # Both members did part of the work: each has emitted outputs of its own.
         for port in double.web_ports:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                assert b"confidence_outputs_emitted_total{" in response.read()
+            assert b"confidence_outputs_emitted_total{" in http_get(port, "/metrics")[1]
     finally:
         double.stop()
     assert len(one) == sum(adds for _, adds in phases)
@@ -132,8 +129,8 @@ def _views(d: Deployment) -> dict[str, Any]:
         "/claims/redeliver/c-1",
         "/claims/redeliver/c-d",
     ):
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            body = json.loads(response.read())
+        status, body = get_json(port, path)
+        assert status == 200, (path, body)
         body.pop("as_of", None)
         views[path] = body
     return views

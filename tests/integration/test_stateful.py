@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +11,15 @@ import pytest
 
 from streams.harness import RunningBroker
 from streams.scoring.composite import I_DONT_KNOW_ANSWER
-from tests.integration.fixtures import STRONG_COMPOSITE, T0, Deployment, EventFactory, count_of, deploy
+from tests.integration.fixtures import (
+    STRONG_COMPOSITE,
+    T0,
+    Deployment,
+    EventFactory,
+    count_of,
+    deploy,
+    http_get,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +37,7 @@ def _latest(outputs: list[dict[str, Any]], kind: str, **match: Any) -> dict[str,
 
 
 def _get(deployment: Deployment, path: str) -> tuple[int, Any]:
-    url = f"http://127.0.0.1:{deployment.web_ports[0]}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = response.read()
-            status = response.status
-    except urllib.error.HTTPError as err:
-        body, status = err.read(), err.code
+    status, body = http_get(deployment.web_ports[0], path)
     ctype_json = body[:1] in (b"{", b"[")
     return status, json.loads(body) if ctype_json else body.decode()
 

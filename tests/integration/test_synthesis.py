@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pytest
 
 from streams.harness import RunningBroker
-from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy, get_json
 
 STRONG_TEXT = "## Findings\n- `load()` returns nil on error\n- callers check it\n```go\nif err != nil {}\n```"
 WEAK_TEXT = "Maybe. Not sure."
@@ -67,9 +64,8 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         d.produce(events)
         synth_id = events[-1]["event_id"]
         records = d.collect(count_of("SYNTHESIS_SCORED", 1, d.settings.scored_topic, {synth_id}))
-        url = f"http://127.0.0.1:{d.web_ports[0]}/traces/synth/{trace}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            view = json.loads(response.read())
+        status, view = get_json(d.web_ports[0], f"/traces/synth/{trace}")
+        assert status == 200, view
     finally:
         d.stop()
     out = next(o for o in d.outputs(records) if o["event_type"] == "SYNTHESIS_SCORED")

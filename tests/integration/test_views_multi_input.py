@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 
 import pytest
 
@@ -13,7 +11,7 @@ from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
 from streams.topics import create_topics
-from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy, get_json
 
 
 def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
@@ -31,9 +29,8 @@ def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
         event = f.tool("multi-1", "read", "src/Widget.h", minutes=1)
         asyncio.run(produce(kafka.bootstrap_servers, second, [(b"multi-1", encode(event))]))
         d.collect(count_of("TRACE_SCORED", 2, d.settings.scored_topic))
-        url = f"http://127.0.0.1:{d.web_ports[0]}/traces/multi/multi-1"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            view = json.loads(response.read())
+        status, view = get_json(d.web_ports[0], "/traces/multi/multi-1")
+        assert status == 200, view
     finally:
         d.stop()
     # Both events applied, whichever topic they came from. By hand (DESIGN 4): find with results -> search

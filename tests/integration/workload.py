@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.fixtures import T0
+from tests.integration.fixtures import T0, http_get
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -62,8 +61,9 @@ class Scrape:
 
 
 def scrape(port: int, timeout: float = 20.0) -> Scrape:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
-        text = response.read().decode()
+    status, body = http_get(port, "/metrics", timeout)
+    assert status == 200, body
+    text = body.decode()
     samples: dict[tuple[str, Labels], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
