@@ -60,7 +60,10 @@ def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
 def get_json(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
     """Status and JSON body of a GET on a worker's web port (views, health)."""
     status, body = http_get(port, path, timeout)
-    return status, json.loads(body)
+    try:
+        return status, json.loads(body)
+    except json.JSONDecodeError:
+        raise AssertionError(f"GET {path} answered {status} without JSON: {body[:200]!r}") from None
 
 
 def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
