@@ -890,7 +890,7 @@ class Context:
 
 
 async def _throughput(ctx: Context) -> None:
-    """Section 1: the three contestants interleaved, so drift spreads over all of them."""
+    """Section 1: the four contestants interleaved, so drift spreads over all of them."""
     ctx.machine.others()
     results: dict[str, list[RunResult]] = {"naive": [], "naive-ours": [], "batched": [], "pipeline": []}
     for run in range(RUNS):
