@@ -11,13 +11,11 @@ import time
 from typing import Any
 
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
-
-Labels = tuple[tuple[str, str], ...]
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.workload import Labels, scrape
 
 # Composite factors (seed 004) of these texts: response certainty only, no KB or code factor.
 WEAK = {"response": "Maybe it works, I think."}  # certainty 0.5 - 2 x 0.15 = 0.2
@@ -31,14 +29,10 @@ COUNT_BUCKETS = ("0.0", "1.0", "2.0", "3.0", "4.0", "5.0", "6.0", "7.0", "8.0", 
 
 
 def _scrape(port: int) -> dict[str, dict[Labels, float]]:
-    """Sample name -> {sorted labels -> value}, parsed with prometheus_client's own parser."""
-    status, body = http_get(port, "/metrics")
-    assert status == 200, body
-    text = body.decode()
+    """Sample name -> {sorted labels -> value} (workload.scrape, parsed by prometheus_client)."""
     samples: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    for (name, labels), value in scrape(port, timeout=10).samples.items():
+        samples.setdefault(name, {})[labels] = value
     return samples
 
 
