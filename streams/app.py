@@ -36,6 +36,7 @@ class AckedTable(faust.Table):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._unsent: list[Outgoing] = []
 
+    # Faust's versions also keep key TTLs, which only windowed tables use; these tables are not windowed.
     def on_key_set(self, key: bytes, value: bytes) -> None:
         self._unsent.append(self._changelog_record(key, value))
         self._sensor_on_set(self, key, value)

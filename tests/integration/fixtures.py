@@ -58,12 +58,16 @@ def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
 
 
 def get_json(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
-    """Status and JSON body of a GET on a worker's web port (views, health)."""
+    """Status and JSON body of a GET on a worker's web port (views, health).
+
+    A body that is not JSON raises ValueError (as `json.loads` does, so callers that tolerate such an
+    answer while partitions move keep catching it), naming the status and the body.
+    """
     status, body = http_get(port, path, timeout)
     try:
         return status, json.loads(body)
     except json.JSONDecodeError:
-        raise AssertionError(f"GET {path} answered {status} without JSON: {body[:200]!r}") from None
+        raise ValueError(f"GET {path} answered {status} without JSON: {body[:200]!r}") from None
 
 
 def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
