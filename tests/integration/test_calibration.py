@@ -144,7 +144,15 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
         )
 
         # The overconfident group raised an alert copy on flagged-events; gauges follow the view.
-        records = d.collect(lambda rs: bool(alerts(d, rs, "overconfident")))
+        # A copy is its own record on its own topic: wait until every alert read so far has its copy.
+        def copies_caught_up(rs: list[Consumed]) -> bool:
+            return all(
+                {u["event_id"] for u in alerts(d, rs, model)}
+                == {u["event_id"] for u in updates(d, rs, model) if u["alert"]}
+                for model in ("calibrated", "overconfident")
+            )
+
+        records = d.collect(lambda rs: bool(alerts(d, rs, "overconfident")) and copies_caught_up(rs))
         for model in ("calibrated", "overconfident"):
             scored = updates(d, records, model)
             assert scored and all(u["samples"] >= 200 for u in scored)  # CALIBRATION_MIN_SAMPLES

@@ -54,9 +54,14 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
     ids = {e["event_id"] for e in [*good, after]}
     s = deployment.settings
 
+    # The flagged copy is its own record on its own topic: it may be read after the scored ones.
+    flag_copied = count_of("RESPONSE_SCORED", 1, s.flagged_topic, {good[1]["event_id"]})
+
     def done(records: list) -> bool:  # type: ignore[type-arg]
-        return count_of("RESPONSE_SCORED", len(ids), s.scored_topic, ids)(records) and (
-            sum(1 for r in records if r.topic == s.dlq_topic) >= len(bad)
+        return (
+            count_of("RESPONSE_SCORED", len(ids), s.scored_topic, ids)(records)
+            and flag_copied(records)
+            and sum(1 for r in records if r.topic == s.dlq_topic) >= len(bad)
         )
 
     records = deployment.collect(done)
@@ -127,7 +132,9 @@ def test_reject_mode_returns_error_object(kafka: RunningBroker) -> None:
         f = EventFactory()
         event = f.response("tr-rej", token_logprobs=[-2.0])  # exp(-2) = 0.135
         d.produce([event])
-        records = d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {event["event_id"]}))
+        scored = count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {event["event_id"]})
+        copied = count_of("RESPONSE_SCORED", 1, d.settings.flagged_topic, {event["event_id"]})
+        records = d.collect(lambda rs: scored(rs) and copied(rs))
     finally:
         d.stop()
     out = next(o for o in d.outputs(records) if o["source_event_id"] == event["event_id"])

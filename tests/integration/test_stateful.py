@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from streams.harness import RunningBroker
+from streams.kafka_io import Consumed
 from streams.scoring.composite import I_DONT_KNOW_ANSWER
 from tests.integration.fixtures import (
     STRONG_COMPOSITE,
@@ -137,7 +138,15 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     )
     deployment.produce([against])
     # Exactly two outputs for this input: against itself, and one-source penalised (DESIGN 4b).
-    records = deployment.collect(count_of("CLAIM_SCORED", 2, s.scored_topic, {against["event_id"]}))
+    both = count_of("CLAIM_SCORED", 2, s.scored_topic, {against["event_id"]})
+
+    def penalty_copied(records: list[Consumed]) -> bool:  # the flagged copy comes on its own topic
+        return any(
+            o.get("claim_id") == "one-source" and o["source_event_id"] == against["event_id"]
+            for o in deployment.outputs(records, s.flagged_topic)
+        )
+
+    records = deployment.collect(lambda rs: both(rs) and penalty_copied(rs))
     # Then a claim derived from two others.
     derived = f.claim(
         "cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"], assessed_upper=0.9
@@ -208,9 +217,9 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
     for event in events:  # one at a time: history must see each previous response
         deployment.produce([event])
         deployment.collect(count_of("RESPONSE_SCORED", 1, s.scored_topic, {event["event_id"]}))
-    records = deployment.collect(
-        count_of("RESPONSE_SCORED", 4, s.scored_topic, {e["event_id"] for e in events})
-    )
+    all_scored = count_of("RESPONSE_SCORED", 4, s.scored_topic, {e["event_id"] for e in events})
+    blocked_copied = count_of("RESPONSE_SCORED", 1, s.flagged_topic, {events[2]["event_id"]})
+    records = deployment.collect(lambda rs: all_scored(rs) and blocked_copied(rs))
     by_id = {
         o["source_event_id"]: o for o in deployment.outputs(records) if o["event_type"] == "RESPONSE_SCORED"
     }

@@ -63,7 +63,9 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     try:
         d.produce(events)
         synth_id = events[-1]["event_id"]
-        records = d.collect(count_of("SYNTHESIS_SCORED", 1, d.settings.scored_topic, {synth_id}))
+        scored = count_of("SYNTHESIS_SCORED", 1, d.settings.scored_topic, {synth_id})
+        copied = count_of("SYNTHESIS_SCORED", 1, d.settings.flagged_topic, {synth_id})  # its own topic
+        records = d.collect(lambda rs: scored(rs) and copied(rs))
         status, view = get_json(d.web_ports[0], f"/traces/synth/{trace}")
         assert status == 200, view
     finally:
