@@ -7,13 +7,14 @@ import json
 import os
 import socket
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -26,6 +27,7 @@ from streams.kafka_io import Consumed, WorkerProcess, collect, produce
 from streams.topics import create_topics
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+Answer = TypeVar("Answer")
 
 # LLM_RESPONSE fields giving the seed 004 composite its strongest inputs (KB 1.0, code 1.0, certainty
 # 1.0): the composite never blocks these, so the seed 003 decision alone decides what is flagged.
@@ -68,6 +70,26 @@ def get_json(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
         return status, json.loads(body)
     except json.JSONDecodeError:
         raise ValueError(f"GET {path} answered {status} without JSON: {body[:200]!r}") from None
+
+
+def poll(fetch: Callable[[], Answer], ready: Callable[[Answer], bool], timeout: float = 10.0) -> Answer:
+    """`fetch()` once `ready` holds for it, else its last answer after `timeout` (for the caller to assert).
+
+    For a view read right after the output it should reflect: a batch's state is written only once the
+    broker acknowledged the batch's outputs (at-least-once order), so for a moment a view can be one batch
+    behind an output that a consumer has already read.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = fetch()
+        if ready(answer) or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.1)
+
+
+def settled(fetch: Callable[[], Answer], expected: object, timeout: float = 10.0) -> Answer:
+    """`poll` until `fetch()` equals `expected`."""
+    return poll(fetch, lambda answer: answer == expected, timeout)
 
 
 def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:

@@ -45,8 +45,9 @@ def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
         d.produce([marker, old])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {old["event_id"]}))
         port = d.web_ports[0]
-        assert _status(port, "/traces/ttl/old-trace") == 200
-        assert _status(port, "/traces/ttl/marker-trace") == 200
+        # State is written once the batch's outputs are acknowledged: wait for it, then watch it go.
+        _wait_for_status(port, "/traces/ttl/old-trace", 200, "old-trace never stored")
+        _wait_for_status(port, "/traces/ttl/marker-trace", 200, "marker-trace never stored")
         # Thirty minutes later in event time: the old trace (idle 30 min) is still within the TTL. The
         # marker (idle 70 min) disappearing proves a sweep ran after this event was seen, so the old
         # trace's survival below is that sweep's decision, not a sweep that has not happened yet.
@@ -56,13 +57,13 @@ def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
         _wait_for_status(port, "/traces/ttl/marker-trace", 404, "the marker trace was never swept")
         assert "swept 1 expired traces" in d.log_text()
         assert _status(port, "/traces/ttl/old-trace") == 200
-        assert _status(port, "/traces/ttl/busy-trace") == 200
+        _wait_for_status(port, "/traces/ttl/busy-trace", 200, "busy-trace never stored")
         # Two hours later in event time: the old trace is idle past the 1 h TTL and gets swept.
         later = f.tool("busy-trace", "read", "x.py", minutes=120)
         d.produce([later])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {later["event_id"]}))
         _wait_for_status(port, "/traces/ttl/old-trace", 404, "idle trace was never swept")
-        assert _status(port, "/traces/ttl/busy-trace") == 200
+        _wait_for_status(port, "/traces/ttl/busy-trace", 200, "busy-trace was swept")
     finally:
         d.stop()
 
@@ -89,6 +90,7 @@ def test_state_expires_per_partition_and_a_future_dated_event_cannot_wipe_it(kaf
         now_trace["timestamp"] = datetime.now(UTC).isoformat()
         d.produce([now_trace])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {now_trace["event_id"]}))
+        _wait_for_status(port, "/traces/future/now-trace", 200, "now-trace never stored")
         marker_deadline = time.monotonic() + 5
         while time.monotonic() < marker_deadline:  # several sweeps (0.5 s apart) must leave it in place
             assert _status(port, "/traces/future/now-trace") == 200
@@ -126,7 +128,7 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
             count_of("CLAIM_SCORED", 3, d.settings.scored_topic, {old["event_id"], pointing["event_id"]})
         )
         port = d.web_ports[0]
-        assert _status(port, "/claims/claim-ttl/old") == 200
+        _wait_for_status(port, "/claims/claim-ttl/old", 200, "the old claim never stored")
         # Two days later in event time, "pointing" is updated (a new version, same relationships):
         # "old" (last updated at minute 0) is now past its 1-day TTL and is swept; "pointing" stays.
         renewed = f.claim(
@@ -135,7 +137,7 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
         d.produce([renewed])
         d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic, {renewed["event_id"]}))
         _wait_for_status(port, "/claims/claim-ttl/old", 404, "the expired claim was never swept")
-        assert _status(port, "/claims/claim-ttl/pointing") == 200
+        _wait_for_status(port, "/claims/claim-ttl/pointing", 200, "the renewed claim is missing")
         assert "expired claims" in d.log_text()
     finally:
         d.stop()
@@ -170,6 +172,7 @@ def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
             path = f"/traces/ttl-takeover/{event['trace_id']}"
             _wait_for_status(port, path, 404, f"{path} was never swept")
         for event in later:
-            assert _status(port, f"/traces/ttl-takeover/{event['trace_id']}") == 200
+            path = f"/traces/ttl-takeover/{event['trace_id']}"
+            _wait_for_status(port, path, 200, f"{path} never stored")
     finally:
         d.stop()

@@ -244,10 +244,13 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
             )
         )
         port = d.web_ports[0]
-        # The outcome's join runs after the outputs above: wait until its calibration group exists.
+        # The outcome's join runs after the outputs above: wait until its calibration group exists (and
+        # k1's state, written after its output was acknowledged).
         deadline = time.monotonic() + 60
-        while http_get(port, "/calibration/leak")[0] != 200:
-            assert time.monotonic() < deadline, "the outcome was never joined with its score"
+        while http_get(port, "/calibration/leak")[0] != 200 or http_get(port, "/claims/leak/k1")[0] != 200:
+            assert time.monotonic() < deadline, (
+                "the outcome was never joined with its score, or k1 is missing"
+            )
             time.sleep(0.2)
         paths = ["/healthz", "/metrics"]
         paths += [f"/traces/leak/{t}" for t in ("lk-1", "lk-2", "lk-syn", "lk-bad", "no-such-trace")]

@@ -10,7 +10,7 @@ import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import Deployment, EventFactory, deploy, get_json, http_get
+from tests.integration.fixtures import Deployment, EventFactory, deploy, get_json, http_get, poll
 
 
 def _phases(tenant: str) -> list[tuple[list[dict[str, Any]], int]]:
@@ -136,6 +136,16 @@ def _views(d: Deployment) -> dict[str, Any]:
     return views
 
 
+def _tail_phase_stored(views: dict[str, Any]) -> bool:
+    return (
+        all(
+            views[f"/traces/redeliver/{t}"]["last_event_time"].startswith("2026-11-22T12:22")
+            for t in ("tr-0", "tr-5")
+        )
+        and views["/agents/redeliver/agent-0"]["total_executions"] == 2
+    )
+
+
 def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     d.start_worker()
@@ -143,7 +153,10 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         phases = _phases("redeliver")
         first = _scored(d, _run(d, phases))
         first_keys = {_key(o) for o in first}
-        state_before = _views(d)
+        # The tail phase's state is written after its outputs are acknowledged: wait until the views
+        # show it (tr-0 and tr-5 at minute 22, agent-0's second response) before taking the snapshot.
+        state_before = poll(lambda: _views(d), _tail_phase_stored)
+        assert _tail_phase_stored(state_before), state_before
         # The same inputs again: each re-emits its remembered outputs (a CLAIM only its own score).
         again = [e for events, _ in phases for e in events]
         redelivered_outputs = sum(2 if e.get("role") == "synthesis" else 1 for e in again)

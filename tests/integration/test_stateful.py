@@ -20,6 +20,7 @@ from tests.integration.fixtures import (
     count_of,
     deploy,
     http_get,
+    settled,
 )
 
 
@@ -84,9 +85,7 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
     # found "MemoryManager" -> search 0.80; two files read, both matching it (fewer than 3) -> read 0.80;
     # weights 3.0 and 2.5 over 5.5; base 0.80; read and search converge on the first read (anchor order
     # read, search, ...) -> bonus 0.10 + 0.05; final 0.80 + 0.15 x (1 - 0.80) = 0.83.
-    status, view = _get(deployment, "/traces/t1/ev-strong")
-    assert status == 200
-    assert view == {
+    expected = {
         "tenant_id": "t1",
         "trace_id": "ev-strong",
         "last_event_time": "2026-11-22T12:00:00+00:00",
@@ -112,6 +111,9 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
         "sub_calls": [],
         "claims": [],
     }
+    status, view = settled(lambda: _get(deployment, "/traces/t1/ev-strong"), (200, expected))
+    assert status == 200
+    assert view == expected
     assert _get(deployment, "/traces/t1/no-such-trace") == (404, {"error": "unknown trace"})
 
 
@@ -152,15 +154,18 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
         "cl-trace-e", "derived", minutes=2, derived_from=["three-types", "one-source"], assessed_upper=0.9
     )
     deployment.produce([derived])
-    # Exactly one output: derived itself (nothing depends on it yet).
-    records = deployment.collect(count_of("CLAIM_SCORED", 1, s.scored_topic, {derived["event_id"]}))
+    # Exactly one output: derived itself (nothing depends on it yet). Read until every input's outputs
+    # are in (six in all) and the flagged copy too: they are on several partitions and two topics.
+    inputs = [one, three, stale, against, derived]
+    six = count_of("CLAIM_SCORED", 6, s.scored_topic, {e["event_id"] for e in inputs})
+    records = deployment.collect(lambda rs: six(rs) and penalty_copied(rs))
     outputs = [
         o
         for o in deployment.outputs(records)
         if o["event_type"] == "CLAIM_SCORED" and o["tenant_id"] == "claims-tenant"
     ]
     per_input = Counter(o["source_event_id"] for o in outputs)
-    assert [per_input[e["event_id"]] for e in (one, three, stale, against, derived)] == [1, 1, 1, 2, 1]
+    assert [per_input[e["event_id"]] for e in inputs] == [1, 1, 1, 2, 1]
 
     def interval(claim_id: str, source: str) -> dict[str, Any]:
         return _latest(outputs, "CLAIM_SCORED", claim_id=claim_id, source_event_id=source)["interval"]
@@ -251,7 +256,8 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
         "blocked_count": 2,
         "threshold": 0.8,
     }
-    assert _get(deployment, "/agents/history-tenant/patcher-x?hours=168") == (200, whole)
+    week = settled(lambda: _get(deployment, "/agents/history-tenant/patcher-x?hours=168"), (200, whole))
+    assert week == (200, whole)
     assert _get(deployment, "/agents/history-tenant/patcher-x") == (200, whole)  # default 168
     # 0.05 h = 3 min back from the newest event (minute 3): minutes 1, 2 and 3 are in, minute 0 is out.
     assert _get(deployment, "/agents/history-tenant/patcher-x?hours=0.05") == (

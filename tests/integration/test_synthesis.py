@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streams.harness import RunningBroker
-from tests.integration.fixtures import EventFactory, count_of, deploy, get_json
+from tests.integration.fixtures import EventFactory, count_of, deploy, get_json, settled
 
 STRONG_TEXT = "## Findings\n- `load()` returns nil on error\n- callers check it\n```go\nif err != nil {}\n```"
 WEAK_TEXT = "Maybe. Not sure."
@@ -60,13 +60,35 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         f.response(trace, role="sub_call", sub_call_id="sub-b", response=WEAK_TEXT, token_logprobs=[-3.0]),
         f.response(trace, role="synthesis", response="Combined."),
     ]
+    # The trace view of the same trace: its sub calls and claims, and no tool evidence at all
+    # (score 0.0: band failed, recovery and stop both recommended).
+    expected_view = {
+        "tenant_id": "synth",
+        "trace_id": trace,
+        "last_event_time": "2026-11-22T12:00:00+00:00",
+        "evidence": {
+            "score": 0.0,
+            "base": 0.0,
+            "band": "failed",
+            "categories": {},
+            "weights": {},
+            "convergence": {"categories": [], "count": 0, "bonus": 0.0, "target": None},
+            "recovery_recommended": True,
+            "should_stop": True,
+            "recovery_attempts": 0,
+        },
+        "sub_calls": ["sub-a", "sub-b"],
+        "claims": ["k1", "k2", "k3", "k4"],
+    }
     try:
         d.produce(events)
         synth_id = events[-1]["event_id"]
         scored = count_of("SYNTHESIS_SCORED", 1, d.settings.scored_topic, {synth_id})
         copied = count_of("SYNTHESIS_SCORED", 1, d.settings.flagged_topic, {synth_id})  # its own topic
         records = d.collect(lambda rs: scored(rs) and copied(rs))
-        status, view = get_json(d.web_ports[0], f"/traces/synth/{trace}")
+        status, view = settled(
+            lambda: get_json(d.web_ports[0], f"/traces/synth/{trace}"), (200, expected_view)
+        )
         assert status == 200, view
     finally:
         d.stop()
@@ -96,23 +118,4 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         o for o in d.outputs(records, d.settings.flagged_topic) if o["event_type"] == "SYNTHESIS_SCORED"
     ]
     assert [o["event_id"] for o in flagged] == [out["event_id"]]
-    # The trace view of the same trace: its sub calls and claims, and no tool evidence at all
-    # (score 0.0: band failed, recovery and stop both recommended).
-    assert view == {
-        "tenant_id": "synth",
-        "trace_id": trace,
-        "last_event_time": "2026-11-22T12:00:00+00:00",
-        "evidence": {
-            "score": 0.0,
-            "base": 0.0,
-            "band": "failed",
-            "categories": {},
-            "weights": {},
-            "convergence": {"categories": [], "count": 0, "bonus": 0.0, "target": None},
-            "recovery_recommended": True,
-            "should_stop": True,
-            "recovery_attempts": 0,
-        },
-        "sub_calls": ["sub-a", "sub-b"],
-        "claims": ["k1", "k2", "k3", "k4"],
-    }
+    assert view == expected_view
