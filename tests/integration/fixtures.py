@@ -72,19 +72,22 @@ def get_json(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any]:
         raise ValueError(f"GET {path} answered {status} without JSON: {body[:200]!r}") from None
 
 
-def poll(fetch: Callable[[], Answer], ready: Callable[[Answer], bool], timeout: float = 10.0) -> Answer:
+def poll(
+    fetch: Callable[[], Answer], ready: Callable[[Answer], bool], timeout: float = 10.0, interval: float = 0.1
+) -> Answer:
     """`fetch()` once `ready` holds for it, else its last answer after `timeout` (for the caller to assert).
 
-    For a view read right after the output it should reflect: a batch's state is written only once the
-    broker acknowledged the batch's outputs (at-least-once order), so for a moment a view can be one batch
-    behind an output that a consumer has already read.
+    The one wait-on-a-condition loop of these tests (never sleep-and-hope). Also for a view read right
+    after the output it should reflect: a batch's state is written only once the broker acknowledged the
+    batch's outputs (at-least-once order), so for a moment a view can be one batch behind an output that
+    a consumer has already read.
     """
     deadline = time.monotonic() + timeout
     while True:
         answer = fetch()
         if ready(answer) or time.monotonic() > deadline:
             return answer
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def settled(fetch: Callable[[], Answer], expected: object, timeout: float = 10.0) -> Answer:

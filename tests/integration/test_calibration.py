@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -22,7 +21,7 @@ import pytest
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
 from streams.scoring import calibration
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, get_json
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, get_json, poll
 from tests.integration.test_metrics_values import _scrape
 
 N = 500  # responses per model
@@ -37,13 +36,9 @@ def view(d: Deployment, path: str) -> tuple[int, dict[str, Any]]:
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     """Poll `check` until it returns something truthy (never sleep-and-hope)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+    result = poll(check, bool, timeout, 0.3)
+    assert result, f"timed out waiting for {what}"
+    return result
 
 
 def group_view(d: Deployment, query: str, samples: int) -> dict[str, Any] | None:

@@ -5,7 +5,6 @@ emitted, and the consumer-lag gauge reads records past the group's committed off
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -15,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streams.harness import RunningBroker
 from streams.scoring import calibration
 from tests.deploy_files import dashboard_metric_names, load_dashboard
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, count_of, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, count_of, deploy, poll
 from tests.integration.test_metrics_values import STRONG_TEXT, _outputs_seen
 from tests.integration.workload import Scrape, committed_offsets, scrape
 
@@ -24,17 +23,17 @@ T = TypeVar("T")
 
 def _wait_until(probe: Callable[[], T | None], timeout: float, what: Callable[[], str]) -> T:
     """Poll `probe` until it returns a value; fail with `what()` (the state seen last) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def attempt() -> T | None:
         try:
-            result = probe()
+            return probe()
         except OSError:  # the web server is not up yet
-            result = None
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s: {what()}")
-        time.sleep(0.25)
+            return None
+
+    result = poll(attempt, lambda seen: seen is not None, timeout, 0.25)
+    if result is None:
+        raise AssertionError(f"timed out after {timeout:.0f}s: {what()}")
+    return result
 
 
 def _exported(s: Scrape) -> set[str]:

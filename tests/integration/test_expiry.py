@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from streams.harness import RunningBroker
 from streams.stages.common import key_partition
-from tests.integration.fixtures import EventFactory, count_of, deploy, http_get
+from tests.integration.fixtures import EventFactory, count_of, deploy, http_get, poll
 
 
 def _status(port: int, path: str) -> int:
@@ -21,16 +21,15 @@ def _status(port: int, path: str) -> int:
     return status
 
 
+def _status_or_none(port: int, path: str) -> int | None:
+    try:
+        return _status(port, path)
+    except urllib.error.URLError:  # a worker still starting refuses connections
+        return None
+
+
 def _wait_for_status(port: int, path: str, status: int, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if _status(port, path) == status:
-                return
-        except urllib.error.URLError:  # a worker still starting refuses connections
-            pass
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
+    assert poll(lambda: _status_or_none(port, path), lambda seen: seen == status, 30, 0.2) == status, what
 
 
 def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:

@@ -28,7 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get, poll
 
 # Distinctive logprobs: ten decimals each, so no score, offset or timestamp can contain them by chance.
 LEAKS = (-0.7318264951, -1.2345678901, -2.9182736455, -0.0461938257, -3.5072916483, -0.6193847526)
@@ -246,12 +246,13 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         port = d.web_ports[0]
         # The outcome's join runs after the outputs above: wait until its calibration group exists (and
         # k1's state, written after its output was acknowledged).
-        deadline = time.monotonic() + 60
-        while http_get(port, "/calibration/leak")[0] != 200 or http_get(port, "/claims/leak/k1")[0] != 200:
-            assert time.monotonic() < deadline, (
-                "the outcome was never joined with its score, or k1 is missing"
-            )
-            time.sleep(0.2)
+        statuses = poll(
+            lambda: (http_get(port, "/calibration/leak")[0], http_get(port, "/claims/leak/k1")[0]),
+            lambda seen: seen == (200, 200),
+            60,
+            0.2,
+        )
+        assert statuses == (200, 200), "the outcome was never joined with its score, or k1 is missing"
         paths = ["/healthz", "/metrics"]
         paths += [f"/traces/leak/{t}" for t in ("lk-1", "lk-2", "lk-syn", "lk-bad", "no-such-trace")]
         paths += [f"/claims/leak/{c}" for c in ("k1", "k2", "k3", "k4", "no-such-claim")]

@@ -7,14 +7,13 @@ and the expected values (gauges, the order in which label values meet the cap) a
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy
+from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, poll
 from tests.integration.workload import Labels, scrape
 
 # Composite factors (seed 004) of these texts: response certainty only, no KB or code factor.
@@ -45,15 +44,13 @@ def _wait_for_metrics(port: int, expected: dict[str, dict[Labels, float]], timeo
 
     Values are compared at 9 decimals (DESIGN 4b): sums and averages are float arithmetic.
     """
-    deadline = time.monotonic() + timeout
     want = _rounded(expected)
-    while True:
+
+    def actual() -> dict[str, dict[Labels, float]]:
         scraped = _scrape(port)
-        actual = _rounded({name: scraped.get(name, {}) for name in expected})
-        if actual == want or time.monotonic() > deadline:
-            assert actual == want
-            return
-        time.sleep(0.2)
+        return _rounded({name: scraped.get(name, {}) for name in expected})
+
+    assert poll(actual, lambda seen: seen == want, timeout, 0.2) == want
 
 
 def _histogram(

@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 import time
 import urllib.error
+from collections.abc import Callable
 
 import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import Deployment, EventFactory, deploy, health
+from tests.integration.fixtures import Deployment, EventFactory, deploy, health, poll
 
 TRAFFIC_AROUND_EACH_CHANGE_SECONDS = 4.0  # events keep flowing this long after each membership change
 ENOUGH_EVENTS = 1000  # and at least this many in all
@@ -49,12 +50,9 @@ def _diagnosis(d: Deployment) -> str:
     return "\n".join(parts)
 
 
-def _wait_until(condition: str, check: object, d: Deployment, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {condition}\n{_diagnosis(d)}")
-        time.sleep(0.2)
+def _wait_until(condition: str, check: Callable[[], object], d: Deployment, timeout: float = 60.0) -> None:
+    if not poll(check, bool, timeout, 0.2):
+        raise AssertionError(f"timed out waiting until {condition}\n{_diagnosis(d)}")
 
 
 class Trickle:
