@@ -217,8 +217,9 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         ),
         batch_seconds=Histogram(
             "confidence_batch_seconds",
-            "Time of each step of an agent's batch: process (stage code), outputs (send and broker acks), "
-            "state (table writes and changelog acks)",
+            "Time of each step of an agent's batch: process (stage code and in-memory table writes), "
+            "outputs (send and broker acks, after the previous batch's outputs), state (the previous "
+            "batch's changelog, then this batch's changelog send and acks)",
             ("agent", "phase"),
             buckets=_LATENCY_BUCKETS,
             registry=registry,

@@ -1,0 +1,215 @@
+"""The agents' batch order without Kafka: overlapping batches keep outputs, changelog and acks in order.
+
+A fake stream yields batches, a fake sender records what is sent and returns futures the test resolves
+one at a time, so each step of `BatchRunner` can be observed: what is sent, processed and acked when.
+The same order through the real broker is what test_reliability.py checks under injected failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import streams.agents
+from streams import metrics
+from streams.agents import BatchRunner
+from streams.batch_send import Outgoing
+from streams.config import load_settings
+from streams.faults import FaultInjector
+from streams.health import Health
+from streams.stages import InputRecord, Record
+
+
+@dataclass(frozen=True)
+class _Message:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class _Event:
+    message: _Message
+    value: bytes
+
+
+class _Stream:
+    """Yields the given batches, then waits (a stream never ends by itself); records acks."""
+
+    def __init__(self, batches: list[list[_Event]]) -> None:
+        self.batches = batches
+        self.acked: list[int] = []
+
+    async def noack_take(self, max_: int, within: float) -> AsyncIterator[list[_Event]]:
+        for batch in self.batches:
+            yield batch
+        await asyncio.Event().wait()
+
+    async def ack(self, event: _Event) -> None:
+        self.acked.append(event.message.offset)
+
+
+@dataclass
+class _Sender:
+    """Records each send as (what, batch) and hands back one future the test resolves."""
+
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    pending: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
+
+    async def send(self, records: Iterable[Outgoing]) -> list[asyncio.Future[None]]:
+        first = next(iter(records)).value or b""
+        label = ("changelog" if first.startswith(b"state") else "outputs", first.decode().split("-")[1])
+        self.sent.append(label)
+        future = asyncio.get_running_loop().create_future()
+        self.pending[label] = future
+        return [future]
+
+    def ack(self, what: str, batch: int) -> None:
+        self.pending[(what, str(batch))].set_result(None)
+
+    def fail(self, what: str, batch: int) -> None:
+        self.pending[(what, str(batch))].set_exception(RuntimeError("broker refused"))
+
+
+class _Table:
+    def __init__(self) -> None:
+        self.unsent: list[Outgoing] = []
+
+    def take_changelog(self) -> list[Outgoing]:
+        unsent, self.unsent = self.unsent, []
+        return unsent
+
+
+class _Runner(BatchRunner):
+    def __init__(self, svc: Any, table: _Table, sender: _Sender) -> None:
+        super().__init__(svc, "test-agent", table)  # type: ignore[arg-type]
+        self._sender = sender
+
+    def sender(self) -> Any:
+        return self._sender
+
+
+def _batch(number: int, size: int = 2) -> list[_Event]:
+    return [
+        _Event(_Message("in", 0, number * 10 + i, 1.0), f"event-{number}-{i}".encode()) for i in range(size)
+    ]
+
+
+async def _settle() -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """stop_worker's delayed os._exit, recorded instead."""
+    calls: list[str] = []
+    monkeypatch.setattr(streams.agents, "_exit_now", lambda: calls.append("exit"))
+    return calls
+
+
+def _setup(batches: int) -> tuple[Any, _Stream, _Table, _Sender, _Runner, list[str]]:
+    settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
+    svc = SimpleNamespace(
+        settings=settings,
+        metrics=metrics.create(CollectorRegistry()),
+        faults=FaultInjector(),
+        health=Health(),
+    )
+    stream = _Stream([_batch(n) for n in range(1, batches + 1)])
+    table, sender = _Table(), _Sender()
+    return svc, stream, table, sender, _Runner(svc, table, sender), []
+
+
+def _process_into(table: _Table, processed: list[str]) -> Any:
+    def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
+        number = (records[0].value or b"").decode().split("-")[1]
+        processed.append(number)
+        return [Record("out", b"k", f"output-{number}".encode())], {b"k": number}
+
+    def write(key: bytes, number: str) -> None:
+        table.unsent.append(Outgoing("changelog", key, f"state-{number}".encode(), 0))
+
+    return process, write
+
+
+async def test_overlapping_batches_send_outputs_then_changelog_in_order_then_ack(exits: list[str]) -> None:
+    svc, stream, table, sender, runner, processed = _setup(batches=3)
+    process, write = _process_into(table, processed)
+    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
+    try:
+        await _settle()
+        # Batch 2 is processed while batch 1's outputs wait for their ack; nothing of 2 is sent yet.
+        assert processed[:2] == ["1", "2"]
+        assert sender.sent == [("outputs", "1")]
+        sender.ack("outputs", 1)
+        await _settle()
+        assert set(sender.sent) == {("outputs", "1"), ("outputs", "2"), ("changelog", "1")}
+        assert stream.acked == []  # batch 1's state is not acknowledged yet
+        sender.ack("outputs", 2)
+        await _settle()
+        assert ("changelog", "2") not in sender.sent  # waits for changelog 1
+        assert ("outputs", "3") not in sender.sent  # two batches in flight already: 3 waits for 1
+        sender.ack("changelog", 1)
+        await _settle()
+        assert stream.acked == [10, 11]
+        assert set(sender.sent[-2:]) == {("changelog", "2"), ("outputs", "3")}
+        sender.ack("outputs", 3)
+        sender.ack("changelog", 2)
+        await _settle()
+        sender.ack("changelog", 3)
+        await _settle()
+        assert stream.acked == [10, 11, 20, 21, 30, 31]
+        assert svc.health.fatal is None and exits == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_failed_send_stops_the_worker_and_acknowledges_nothing_after_it(exits: list[str]) -> None:
+    svc, stream, table, sender, runner, processed = _setup(batches=3)
+    process, write = _process_into(table, processed)
+    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
+    try:
+        await _settle()
+        sender.ack("outputs", 1)
+        await _settle()
+        sender.fail("outputs", 2)  # batch 2's outputs refused; batch 1's changelog still pending
+        await _settle()
+        sender.ack("changelog", 1)
+        await _settle()
+        await asyncio.sleep(0.01)  # the exit is scheduled with call_later(0)
+        assert svc.health.fatal is not None and "broker refused" in svc.health.fatal
+        assert exits == ["exit"]
+        assert stream.acked == [10, 11]  # batch 1 completed before the failure; nothing after it
+        assert ("changelog", "2") not in sender.sent and ("outputs", "3") not in sender.sent
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledged(exits: list[str]) -> None:
+    svc, stream, table, sender, runner, processed = _setup(batches=2)
+    process, write = _process_into(table, processed)
+    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
+    try:
+        await _settle()
+        sender.ack("outputs", 1)
+        await _settle()
+        sender.ack("outputs", 2)
+        sender.fail("changelog", 1)
+        await _settle()
+        await asyncio.sleep(0.01)
+        assert svc.health.fatal is not None
+        assert stream.acked == []
+        assert ("changelog", "2") not in sender.sent  # never stored ahead of the batch before it
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
