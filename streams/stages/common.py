@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -204,7 +205,7 @@ class Outputs:
         event_type = str(output["event_type"])
         m = self.metrics
         m.child(m.outputs_emitted, event_type).inc()
-        m.child(m.processing_latency, event_type).observe(max(0.0, now().timestamp() - received_at))
+        m.child(m.processing_latency, event_type).observe(max(0.0, time.time() - received_at))
 
 
 def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLetter:

@@ -145,7 +145,7 @@ class TraceStage:
             trace_id=event.trace_id,
             tenant_id=event.tenant_id,
             scored_at=now(),
-            **dict(result),  # the evidence fields, top level (nested models passed as they are)
+            **vars(result),  # the evidence fields, top level (vars: a model's dict() iterates, 3-4 us)
         ).model_dump(mode="json")
         self.metrics.child(self.metrics.evidence_band, result.band).inc()
         if result.recovery_recommended:
