@@ -598,6 +598,31 @@ async def latency_run(
     return result
 
 
+async def produce_round_trips(bootstrap: str, sends: int = 300) -> list[float]:
+    """Milliseconds per `send_and_wait` of one 500-byte record (acks=all), one at a time, on a fresh
+    topic of an otherwise idle broker: what one broker round trip of a stage's send costs by itself."""
+    topic = f"bench-round-trip-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    await producer.start()
+    try:
+        for _ in range(20):  # metadata and connection warm-up
+            await producer.send_and_wait(topic, b"x" * 500)
+        times: list[float] = []
+        for _ in range(sends):
+            started = time.perf_counter()
+            await producer.send_and_wait(topic, b"x" * 500)
+            times.append((time.perf_counter() - started) * 1000)
+        return times
+    finally:
+        await producer.stop()
+
+
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -985,6 +1010,20 @@ async def _latency(ctx: Context) -> None:
             f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms at {load} (n={len(values)}){target}",
             others,
         )
+    try:
+        round_trips = await produce_round_trips(ctx.kafka.bootstrap_servers)
+        p50, p99 = percentile(round_trips, 0.5), percentile(round_trips, 0.99)
+        ctx.row(
+            "latency: one produce round trip, idle broker (p50 / p99)",
+            f"{_ratio(p50, base_p50)} / {_ratio(p99, base_p99)}",
+            "naive passthrough, same load",
+            f"{p50:.2f} / {p99:.2f} ms (send_and_wait of one 500-byte record, acks=all, "
+            f"n={len(round_trips)}): a send's cost at the broker; the rest of a batch's 'outputs' "
+            f"step is waiting inside the worker (its busy event loop, the batch before)",
+            ctx.machine.others(),
+        )
+    except Exception as exc:
+        ctx.failed("latency round trip", exc)
 
 
 async def _memory(ctx: Context) -> None:

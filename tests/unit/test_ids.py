@@ -1,4 +1,4 @@
-"""Output event ids are UUIDv5 exactly as the standard library computes them."""
+"""Output event ids: UUIDv5 over the output kind and the input's event id, stable across releases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from streams.ids import _NAMESPACE, output_event_id
 
 
 @given(st.text(max_size=20), st.text(max_size=60), st.lists(st.text(max_size=20), max_size=3))
-def test_same_as_uuid5(kind: str, source: str, parts: list[str]) -> None:
+def test_a_uuid5_of_the_parts_joined_by_unit_separators(kind: str, source: str, parts: list[str]) -> None:
     name = "\x1f".join((kind, source, *parts))
     assert output_event_id(kind, source, *parts) == str(uuid.uuid5(_NAMESPACE, name))
 
