@@ -246,12 +246,12 @@ class _Prepared:
     process_seconds: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class _InFlight:
     """A batch whose sends are under way; the next batch's sends wait on it."""
 
     outputs_acked: asyncio.Event
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None]
 
 
 class BatchRunner:
@@ -268,7 +268,8 @@ class BatchRunner:
     If any send of batch k fails, the worker stops and nothing from k on is acknowledged; its successor
     restores the tables from the changelog and processes those batches again (their acknowledged
     outputs again, with the same ids). At most `IN_FLIGHT` batches wait for their sends while the next
-    one is processed.
+    one is processed. Changes the sweep makes to this runner's tables join the same sequence
+    (`send_table_changes`), so the changelog receives every change in the order the tables saw it.
     Waiting for every ack before taking the next batch left each stage idle for them (17 ms per batch
     at half load) and every event waited for the batch before its own (docs/DECISIONS.md).
     """
@@ -283,6 +284,7 @@ class BatchRunner:
         settings = svc.settings
         self.internal_topics = frozenset(settings.internal_topics)
         self.max_bundle_bytes = settings.producer_max_batch_bytes
+        self._in_flight: list[_InFlight] = []  # oldest first; finished ones are dropped as new ones start
 
     async def run(
         self,
@@ -291,7 +293,6 @@ class BatchRunner:
         write: Callable[[bytes, Any], None],
     ) -> None:
         settings = self.svc.settings
-        in_flight: list[_InFlight] = []  # oldest first
         try:
             take = settings.internal_batch_records if self.bundled_input else settings.batch_size
             async for events in stream.noack_take(take, within=settings.batch_within_seconds):
@@ -302,14 +303,9 @@ class BatchRunner:
                 except Exception as exc:  # a bug outside the per-record guard: never ack, stop
                     stop_worker(self.svc, f"{self.agent} failed a batch of {len(events)}: {exc!r}")
                     await _hold_unacknowledged()
-                while len(in_flight) >= self.IN_FLIGHT:
-                    oldest = in_flight.pop(0).task
-                    assert oldest is not None
-                    await oldest
-                before = in_flight[-1] if in_flight else None
-                current = _InFlight(asyncio.Event())
-                current.task = asyncio.create_task(self._complete(stream, prepared, current, before))
-                in_flight.append(current)
+                while len(waiting := self._waiting()) >= self.IN_FLIGHT:
+                    await waiting[0].task
+                self._start(prepared, stream)
         except Exception as exc:
             # Faust's own stream machinery failed. A restarted agent would resume after records nobody
             # acknowledged, so stop instead and let a successor re-read them from the committed offset.
@@ -318,9 +314,27 @@ class BatchRunner:
             await _hold_unacknowledged()
         finally:
             # Stopping (or crashed): batches still in flight are not acknowledged; they are processed again.
-            for batch in in_flight:
-                if batch.task is not None:
-                    batch.task.cancel()
+            for batch in self._in_flight:
+                batch.task.cancel()
+
+    def send_table_changes(self) -> None:
+        """Send what was written to this runner's tables outside a batch (the sweep), after the batches
+        in flight and before the next: a batch prepared later may write the same keys again."""
+        changelog = [record for table in self.tables for record in table.take_changelog()]
+        if changelog:
+            self._start(_Prepared(0, (), [], changelog, 0.0), None)
+
+    def _waiting(self) -> list[_InFlight]:
+        """The batches whose sends are not done yet (the finished ones are forgotten here)."""
+        self._in_flight = [b for b in self._in_flight if not b.task.done()]
+        return self._in_flight
+
+    def _start(self, batch: _Prepared, stream: faust.StreamT[bytes] | None) -> None:
+        waiting = self._waiting()
+        before = waiting[-1] if waiting else None  # None: everything before is acknowledged
+        outputs_acked = asyncio.Event()
+        task = asyncio.create_task(self._complete(stream, batch, outputs_acked, before))
+        waiting.append(_InFlight(outputs_acked, task))
 
     def _prepare(
         self,
@@ -335,12 +349,16 @@ class BatchRunner:
         outputs = bundle(outputs, self.internal_topics, self.max_bundle_bytes)
         for key, state in states.items():
             write(key, state)
-        # Taken from every table at once, so a sweep cannot take (and not wait for) them.
+        # Taken from every table at once: this batch's records, and any a sweep left since the last batch.
         changelog = [record for table in self.tables for record in table.take_changelog()]
         return _Prepared(number, events, output_records(outputs), changelog, time.perf_counter() - started)
 
     async def _complete(
-        self, stream: faust.StreamT[bytes], batch: _Prepared, current: _InFlight, before: _InFlight | None
+        self,
+        stream: faust.StreamT[bytes] | None,
+        batch: _Prepared,
+        outputs_acked: asyncio.Event,
+        before: _InFlight | None,
     ) -> None:
         """Send the outputs, then the changelog, each in the order described above; then ack."""
         m = self.svc.metrics
@@ -350,9 +368,9 @@ class BatchRunner:
             started = time.perf_counter()
             self._inject("send", batch.number)
             await self._acknowledged(await self.sender().send(batch.outputs))
-            current.outputs_acked.set()
+            outputs_acked.set()
             sent = time.perf_counter()
-            if before is not None and before.task is not None:
+            if before is not None:
                 await before.task  # its changelog is acknowledged (it never returns if it failed)
             self._inject("table", batch.number)
             await self._acknowledged(await self.sender().send(batch.changelog))
@@ -362,6 +380,8 @@ class BatchRunner:
         except Exception as exc:  # any failure of the batch: never ack, stop with a clear error
             stop_worker(self.svc, f"{self.agent} failed a batch of {len(batch.events)}: {exc!r}")
             await _hold_unacknowledged()
+        if stream is None:
+            return  # the sweep's table changes: no input to acknowledge
         m.child(m.batch_seconds, self.agent, "process").observe(batch.process_seconds)
         m.child(m.batch_seconds, self.agent, "outputs").observe(sent - started)
         m.child(m.batch_seconds, self.agent, "state").observe(stored - sent)
@@ -412,16 +432,30 @@ def attach_agents(svc: Service) -> None:
     def load_calibration(table: Table, key: bytes) -> BaseModel | None:
         return calibration_states[table].load(key)
 
+    # Made here, not in the agents, so the sweep can send its table changes through them (in order).
+    trace_runner = BatchRunner(svc, "score-events", svc.traces)
+    history_runner = BatchRunner(
+        svc, "score-responses", svc.agents_history, svc.agent_history_hours, bundled_input=True
+    )
+    claim_runner = BatchRunner(svc, "score-claims", svc.claims, bundled_input=True)
+    calibration_runner = BatchRunner(
+        svc,
+        "calibrate",
+        svc.calibration_subjects,
+        svc.calibration_groups,
+        svc.calibration_hours,
+        bundled_input=True,
+    )
+
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "score-events", svc.traces).run(
+        await trace_runner.run(
             stream, lambda records: svc.trace_stage.process(records, traces.load), write_trace
         )
 
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
-        tables = (svc.agents_history, svc.agent_history_hours)
-        await BatchRunner(svc, "score-responses", *tables, bundled_input=True).run(
+        await history_runner.run(
             stream,
             lambda records: svc.agent_stage.process(
                 records, histories["summary"].load, histories["hours"].load
@@ -431,14 +465,13 @@ def attach_agents(svc: Service) -> None:
 
     @app.agent(svc.claims_topic, name="score-claims")
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
-        await BatchRunner(svc, "score-claims", svc.claims, bundled_input=True).run(
+        await claim_runner.run(
             stream, lambda records: svc.claim_stage.process(records, claims.load), write_claim
         )
 
     @app.agent(svc.calibration_topic, name="calibrate")
     async def calibrate(stream: faust.StreamT[bytes]) -> None:
-        tables = (svc.calibration_subjects, svc.calibration_groups, svc.calibration_hours)
-        await BatchRunner(svc, "calibrate", *tables, bundled_input=True).run(
+        await calibration_runner.run(
             stream,
             lambda records: svc.calibration_stage.process(records, load_calibration),
             _writer(calibration_states),
@@ -478,16 +511,10 @@ def attach_agents(svc: Service) -> None:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
             )
-        # Sweep deletions are not tied to an input offset: published, not waited for.
-        tables = (
-            svc.traces,
-            svc.claims,
-            svc.calibration_subjects,
-            svc.calibration_groups,
-            svc.calibration_hours,
-        )
-        deletions = [record for table in tables for record in table.take_changelog()]
-        await RecordBatches.of(app).send(deletions)
+        # Not tied to an input offset, but ordered with the batches that write the same tables: a batch
+        # still waiting to send its changelog may hold an older value of a key deleted here.
+        for runner in (trace_runner, claim_runner, calibration_runner):
+            runner.send_table_changes()
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 

@@ -64,14 +64,17 @@ class _Sender:
     pending: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
 
     async def send(self, records: Iterable[Outgoing]) -> list[asyncio.Future[None]]:
-        first = next(iter(records)).value or b""
+        records = list(records)
+        if not records:
+            return []
+        first = records[0].value or b""
         label = ("changelog" if first.startswith(b"state") else "outputs", first.decode().split("-")[1])
         self.sent.append(label)
         future = asyncio.get_running_loop().create_future()
         self.pending[label] = future
         return [future]
 
-    def ack(self, what: str, batch: int) -> None:
+    def ack(self, what: str, batch: int | str) -> None:
         self.pending[(what, str(batch))].set_result(None)
 
     def fail(self, what: str, batch: int) -> None:
@@ -210,6 +213,31 @@ async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledge
         assert svc.health.fatal is not None
         assert stream.acked == []
         assert ("changelog", "2") not in sender.sent  # never stored ahead of the batch before it
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits: list[str]) -> None:
+    svc, stream, table, sender, runner, processed = _setup(batches=2)
+    process, write = _process_into(table, processed)
+    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
+    try:
+        await _settle()
+        assert processed == ["1", "2"]
+        # A sweep deletes a key now: batch 2's changelog (taken before) holds an older value of it.
+        table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+        runner.send_table_changes()
+        for step in [("outputs", 1), ("outputs", 2), ("changelog", 1)]:
+            sender.ack(*step)
+            await _settle()
+        assert ("changelog", "sweep") not in sender.sent
+        sender.ack("changelog", 2)
+        await _settle()
+        assert sender.sent[-1] == ("changelog", "sweep")
+        sender.ack("changelog", "sweep")
+        await _settle()
+        assert stream.acked == [10, 11, 20, 21] and svc.health.fatal is None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
