@@ -20,6 +20,7 @@ Environment: `BENCH_QUICK=1` (one run, smaller sizes), `BENCH_PARTITIONS` (secti
 `BENCH_MEMORY_EVENTS` (default 100000, over a tenth as many traces), `BENCH_MEMORY_SECONDS` (time cap of
 section 3, default 150), `BENCH_PROFILE=1` (one extra, untimed worker run under py-spy: top self time),
 `BENCH_ONLY` (comma-separated sections: throughput, latency, memory, scale; latency implies throughput),
+`BENCH_DIAG=1` (each scale-out worker's `confidence_batch_seconds` after its run),
 `CONSUMER_FETCH_MAX_WAIT_MS` (given to the worker and to the passthroughs alike). The last column of
 the table, "others", is the CPU (in cores) that processes outside this benchmark used meanwhile: on a
 shared 2-core machine that is the first thing to check before trusting a figure.
@@ -549,6 +550,8 @@ async def throughput_run(kind: str, kafka: RunningBroker, mix: Mix, fetch_wait: 
     sampler = Sampler([proc.pid]).start()
     try:
         await follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT)
+        if kind == "pipeline":
+            console.print(f"  batch steps (mean ms per batch): {batch_steps(proc.web_port)}")
     except TimeoutError as exc:
         raise RuntimeError(f"{kind}: {exc}; log {proc.log_path}:\n{proc.log_tail()}") from exc
     finally:
@@ -713,6 +716,9 @@ async def scale_run(workers: int, kafka: RunningBroker, mix: Mix, fetch_wait: in
             follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
         )
         await sampler.stop()
+        if os.environ.get("BENCH_DIAG"):
+            for proc in deployment.procs:
+                console.print(f"  scale {workers} worker {proc.pid}: {batch_steps(proc.web_port)}")
     finally:
         await asyncio.to_thread(deployment.stop)
     return _window(tracker, sampler, len(mix.records) - 1)
