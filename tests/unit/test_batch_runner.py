@@ -8,6 +8,7 @@ The same order through the real broker is what test_reliability.py checks under 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -118,7 +119,20 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def _setup(batches: int) -> tuple[Any, _Stream, _Table, _Sender, _Runner, list[str]]:
+@dataclass
+class _Rig:
+    """A runner on a fake stream and sender, running in a task; what it processed, sent and acked."""
+
+    svc: Any
+    stream: _Stream
+    table: _Table
+    sender: _Sender
+    runner: _Runner
+    processed: list[str]
+
+
+@contextlib.asynccontextmanager
+async def _running(batches: int) -> AsyncIterator[_Rig]:
     settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
     svc = SimpleNamespace(
         settings=settings,
@@ -126,31 +140,38 @@ def _setup(batches: int) -> tuple[Any, _Stream, _Table, _Sender, _Runner, list[s
         faults=FaultInjector(),
         health=Health(),
     )
-    stream = _Stream([_batch(n) for n in range(1, batches + 1)])
     table, sender = _Table(), _Sender()
-    return svc, stream, table, sender, _Runner(svc, table, sender), []
+    rig = _Rig(
+        svc,
+        _Stream([_batch(n) for n in range(1, batches + 1)]),
+        table,
+        sender,
+        _Runner(svc, table, sender),
+        [],
+    )
 
-
-def _process_into(table: _Table, processed: list[str]) -> Any:
     def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
         number = (records[0].value or b"").decode().split("-")[1]
-        processed.append(number)
+        rig.processed.append(number)
         return [Record("out", b"k", f"output-{number}".encode())], {b"k": number}
 
     def write(key: bytes, number: str) -> None:
         table.unsent.append(Outgoing("changelog", key, f"state-{number}".encode(), 0))
 
-    return process, write
+    task = asyncio.create_task(rig.runner.run(rig.stream, process, write))  # type: ignore[arg-type]
+    try:
+        await _settle()
+        yield rig
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_overlapping_batches_send_outputs_then_changelog_in_order_then_ack(exits: list[str]) -> None:
-    svc, stream, table, sender, runner, processed = _setup(batches=3)
-    process, write = _process_into(table, processed)
-    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
-    try:
-        await _settle()
+    async with _running(batches=3) as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
         # Batch 2 is processed while batch 1's outputs wait for their ack; nothing of 2 is sent yet.
-        assert processed[:2] == ["1", "2"]
+        assert rig.processed[:2] == ["1", "2"]
         assert sender.sent == [("outputs", "1")]
         sender.ack("outputs", 1)
         await _settle()
@@ -171,17 +192,11 @@ async def test_overlapping_batches_send_outputs_then_changelog_in_order_then_ack
         await _settle()
         assert stream.acked == [10, 11, 20, 21, 30, 31]
         assert svc.health.fatal is None and exits == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_failed_send_stops_the_worker_and_acknowledges_nothing_after_it(exits: list[str]) -> None:
-    svc, stream, table, sender, runner, processed = _setup(batches=3)
-    process, write = _process_into(table, processed)
-    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
-    try:
-        await _settle()
+    async with _running(batches=3) as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
         sender.ack("outputs", 1)
         await _settle()
         sender.fail("outputs", 2)  # batch 2's outputs refused; batch 1's changelog still pending
@@ -193,17 +208,11 @@ async def test_a_failed_send_stops_the_worker_and_acknowledges_nothing_after_it(
         assert exits == ["exit"]
         assert stream.acked == [10, 11]  # batch 1 completed before the failure; nothing after it
         assert ("changelog", "2") not in sender.sent and ("outputs", "3") not in sender.sent
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledged(exits: list[str]) -> None:
-    svc, stream, table, sender, runner, processed = _setup(batches=2)
-    process, write = _process_into(table, processed)
-    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
-    try:
-        await _settle()
+    async with _running(batches=2) as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
         sender.ack("outputs", 1)
         await _settle()
         sender.ack("outputs", 2)
@@ -213,21 +222,15 @@ async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledge
         assert svc.health.fatal is not None
         assert stream.acked == []
         assert ("changelog", "2") not in sender.sent  # never stored ahead of the batch before it
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits: list[str]) -> None:
-    svc, stream, table, sender, runner, processed = _setup(batches=2)
-    process, write = _process_into(table, processed)
-    task = asyncio.create_task(runner.run(stream, process, write))  # type: ignore[arg-type]
-    try:
-        await _settle()
-        assert processed == ["1", "2"]
+    async with _running(batches=2) as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
+        assert rig.processed == ["1", "2"]
         # A sweep deletes a key now: batch 2's changelog (taken before) holds an older value of it.
-        table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
-        runner.send_table_changes()
+        rig.table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+        rig.runner.send_table_changes()
         for step in [("outputs", 1), ("outputs", 2), ("changelog", 1)]:
             sender.ack(*step)
             await _settle()
@@ -238,6 +241,3 @@ async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits
         sender.ack("changelog", "sweep")
         await _settle()
         assert stream.acked == [10, 11, 20, 21] and svc.health.fatal is None
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
