@@ -78,9 +78,8 @@ def poll(
     """`fetch()` once `ready` holds for it, else its last answer after `timeout` (for the caller to assert).
 
     The one wait-on-a-condition loop of these tests (never sleep-and-hope). Also for a view read right
-    after the output it should reflect: a batch's state is written only once the broker acknowledged the
-    batch's outputs (at-least-once order), so for a moment a view can be one batch behind an output that
-    a consumer has already read.
+    after the output it should reflect: a worker that restarted or took a partition over is behind until
+    it has restored and processed again, and a view asked of another worker is routed (README "HTTP").
     """
     deadline = time.monotonic() + timeout
     while True:
