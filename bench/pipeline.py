@@ -422,13 +422,18 @@ async def deploy(
         PRODUCER_MAX_BATCH_BYTES=str(settings.producer_max_batch_bytes),
         PRODUCER_LINGER_MS=str(settings.producer_linger_ms),
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await create_plain_topics(kafka.bootstrap_servers, (topic_in, topic_out), partitions)
+    return Deployment(kind, kafka.bootstrap_servers, workdir, partitions, topic_in, [topic_out], None, env)
+
+
+async def create_plain_topics(bootstrap: str, names: Sequence[str], partitions: int) -> None:
+    """Topics with `partitions` partitions, replication 1, for the passthroughs and the round-trip probe."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, partitions, 1) for name in (topic_in, topic_out)])
+        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
     finally:
         await admin.close()
-    return Deployment(kind, kafka.bootstrap_servers, workdir, partitions, topic_in, [topic_out], None, env)
 
 
 async def wait_ready(deployment: Deployment, timeout: float = 90.0, stable: float = 2.0) -> None:
@@ -605,12 +610,7 @@ async def produce_round_trips(bootstrap: str, sends: int = 300) -> list[float]:
     """Milliseconds per `send_and_wait` of one 500-byte record (acks=all), one at a time, on a fresh
     topic of an otherwise idle broker: what one broker round trip of a stage's send costs by itself."""
     topic = f"bench-round-trip-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_plain_topics(bootstrap, (topic,), 1)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     await producer.start()
     try:

@@ -44,7 +44,8 @@ def test_idle_trace_expires_by_event_time(kafka: RunningBroker) -> None:
         d.produce([marker, old])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {old["event_id"]}))
         port = d.web_ports[0]
-        # State is written once the batch's outputs are acknowledged: wait for it, then watch it go.
+        # Wait until the views show both traces (a view answers as of the last batch the worker
+        # processed, README "HTTP"), then watch them go.
         _wait_for_status(port, "/traces/ttl/old-trace", 200, "old-trace never stored")
         _wait_for_status(port, "/traces/ttl/marker-trace", 200, "marker-trace never stored")
         # Thirty minutes later in event time: the old trace (idle 30 min) is still within the TTL. The

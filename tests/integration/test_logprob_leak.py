@@ -245,7 +245,7 @@ def test_no_logprob_reaches_any_topic_log_metric_or_view(kafka: RunningBroker) -
         )
         port = d.web_ports[0]
         # The outcome's join runs after the outputs above: wait until its calibration group exists (and
-        # k1's state, written after its output was acknowledged).
+        # k1's claim is in its view).
         statuses = poll(
             lambda: (http_get(port, "/calibration/leak")[0], http_get(port, "/claims/leak/k1")[0]),
             lambda seen: seen == (200, 200),

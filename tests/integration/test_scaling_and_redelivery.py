@@ -153,8 +153,8 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         phases = _phases("redeliver")
         first = _scored(d, _run(d, phases))
         first_keys = {_key(o) for o in first}
-        # The tail phase's state is written after its outputs are acknowledged: wait until the views
-        # show it (tr-0 and tr-5 at minute 22, agent-0's second response) before taking the snapshot.
+        # Wait until the views show the tail phase (tr-0 and tr-5 at minute 22, agent-0's second
+        # response) before taking the snapshot, so the snapshot does not depend on when it is read.
         state_before = poll(lambda: _views(d), _tail_phase_stored)
         assert _tail_phase_stored(state_before), state_before
         # The same inputs again: each re-emits its remembered outputs (a CLAIM only its own score).
