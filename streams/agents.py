@@ -374,19 +374,18 @@ class BatchRunner:
                 await before.task  # its changelog is acknowledged (it never returns if it failed)
             self._inject("table", batch.number)
             await self._acknowledged(await self.sender().send(batch.changelog))
-            stored = time.perf_counter()
+            if stream is None:
+                return  # the sweep's table changes: no input to acknowledge
+            m.child(m.batch_seconds, self.agent, "process").observe(batch.process_seconds)
+            m.child(m.batch_seconds, self.agent, "outputs").observe(sent - started)
+            m.child(m.batch_seconds, self.agent, "state").observe(time.perf_counter() - sent)
+            for event in batch.events:
+                await stream.ack(event)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # any failure of the batch: never ack, stop with a clear error
+        except Exception as exc:  # any failure of the batch (acks included): stop with a clear error
             stop_worker(self.svc, f"{self.agent} failed a batch of {len(batch.events)}: {exc!r}")
             await _hold_unacknowledged()
-        if stream is None:
-            return  # the sweep's table changes: no input to acknowledge
-        m.child(m.batch_seconds, self.agent, "process").observe(batch.process_seconds)
-        m.child(m.batch_seconds, self.agent, "outputs").observe(sent - started)
-        m.child(m.batch_seconds, self.agent, "state").observe(stored - sent)
-        for event in batch.events:
-            await stream.ack(event)
 
     def sender(self) -> RecordBatches:
         return RecordBatches.of(self.svc.app)
