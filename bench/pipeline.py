@@ -1089,7 +1089,7 @@ async def _memory(ctx: Context) -> None:
 def _second_half_line(points: list[MemoryPoint], half: MemoryPoint, last: MemoryPoint) -> tuple[float, float]:
     """RSS at `last` and at `half` on a least-squares line through the samples from `half` on.
 
-    Two single samples made the ratio move 1.01-1.22x between identical runs (a sample can land on a
+    Two single samples made the ratio move 1.01-1.24x between identical runs (a sample can land on a
     fetch buffer's peak or a sweep's trough); the line reads the trend of all of them.
     """
     tail = [p for p in points if p.processed >= half.processed]

@@ -155,7 +155,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
     # but `chunk` of what was sent, so no more than 2 * chunk input records ever wait. Unpaced, all of
     # the run waits in the topic at once and Tansu answers some fetches with MBs of one input partition
     # and none of the others (README "Brokers"): the claims' watermark then lags by thousands of events
-    # and the claims bound below measured that broker gap (one CI run: 1,877 against 1,680), not expiry.
+    # and the claims bound below measured that broker gap (one clean-clone .ci/run: 1,877 against 1,680).
     # The full soak stays unpaced: it is the catch-up case, judged against the total.
     chunk = int(sized(request.config, "SOAK_CHUNK", 0, 250))
     input_topic = d.settings.input_topic_names[0]
