@@ -1125,8 +1125,9 @@ async def _scale(ctx: Context) -> None:
             pairs.append((pair[1], pair[2]))
     others = ctx.machine.others()
     if pairs:
+        pairs.sort(key=lambda pair: pair[1].rate / pair[0].rate)
         ratios = [two.rate / one.rate for one, two in pairs]
-        one, two = sorted(pairs, key=lambda p: p[1].rate / p[0].rate)[len(pairs) // 2]
+        one, two = pairs[len(pairs) // 2]
         ctx.row(
             f"scale-out: 2 workers vs 1, {SCALE_PARTITIONS} partitions, {len(pairs)} pair(s)",
             f"{statistics.median(ratios):.2f}x",

@@ -39,7 +39,7 @@ from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
 from streams.scoring.response import calculate_confidence
-from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy, poll
 from tests.integration.workload import (
     AGENTS_PER_TENANT,
     BLOCK,
@@ -168,10 +168,14 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
                 return
             sent = 0
             while block := list(itertools.islice(records, chunk)):
-                deadline = time.monotonic() + 120
-                while scrape(port).total("confidence_events_processed_total") < sent - chunk:
-                    assert time.monotonic() < deadline, f"stage 1 stuck {sent - chunk} events behind"
-                    time.sleep(0.05)
+                wanted = sent - chunk
+                read = poll(
+                    lambda: scrape(port).total("confidence_events_processed_total"),
+                    lambda processed, wanted=wanted: processed >= wanted,
+                    timeout=120,
+                    interval=0.05,
+                )
+                assert read >= wanted, f"stage 1 stuck at {read:.0f} of {sent} events sent"
                 sent += asyncio.run(produce(kafka.bootstrap_servers, input_topic, block))
             produced["sent"] = sent
         except BaseException as exc:  # reported by the main thread
