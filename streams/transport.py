@@ -182,7 +182,8 @@ async def _finish(coroutine: Coroutine[Any, Any, Any], awaiting: Any) -> Any:
 
     A coroutine yields to its task the future it waits for (or None: "run me again soon"); the task
     resumes it when that future is done, and the coroutine reads the future's result itself. If this
-    task is cancelled, the cancellation is thrown into the coroutine, as a task does.
+    task is cancelled, it cancels the future the coroutine waits for and throws the cancellation into
+    the coroutine, as a task does (a future left pending could still be completed for nobody).
     """
     while True:
         cancelled: asyncio.CancelledError | None = None
@@ -194,6 +195,8 @@ async def _finish(coroutine: Coroutine[Any, Any, Any], awaiting: Any) -> Any:
                 await asyncio.wait((awaiting,))  # done, whatever its outcome: the coroutine reads it
         except asyncio.CancelledError as exc:
             cancelled = exc
+            if awaiting is not None:
+                awaiting.cancel()
         try:
             awaiting = coroutine.send(None) if cancelled is None else coroutine.throw(cancelled)
         except StopIteration as done:

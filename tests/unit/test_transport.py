@@ -175,3 +175,4 @@ async def test_a_waiting_hand_over_is_given_up_when_a_rebalance_suspends_the_flo
     consumer.suspend_flow.set()  # what Faust does when partitions are revoked
     await asyncio.wait_for(delivery, 1)  # the drain loop goes on; the record is read again later
     assert outcome == ["cancelled"]
+    assert never.cancelled()  # as a task cancels the future it waits for
