@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 import faust
 from pydantic import BaseModel
 
+from streams.alignment import attach_input_alignment
 from streams.app import AckedTable, Service, SourcePartitionedTable
 from streams.batch_send import Outgoing, RecordBatches, output_records
 from streams.faults import FaultPoint
@@ -446,11 +447,17 @@ def attach_agents(svc: Service) -> None:
         bundled_input=True,
     )
 
+    alignment = attach_input_alignment(svc)  # None when INPUT_ALIGNMENT_MAX_LEAD_HOURS=0
+
+    def score_trace_batch(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, TraceState]]:
+        scored = svc.trace_stage.process(records, traces.load)
+        if alignment is not None:
+            alignment.after_batch(app, {record.partition for record in records})
+        return scored
+
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
-        await trace_runner.run(
-            stream, lambda records: svc.trace_stage.process(records, traces.load), write_trace
-        )
+        await trace_runner.run(stream, score_trace_batch, write_trace)
 
     @app.agent(svc.responses_topic, name="score-responses")
     async def score_responses(stream: faust.StreamT[bytes]) -> None:

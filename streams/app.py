@@ -145,6 +145,9 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         # Records a lagging agent may have waiting (Faust's default is 4096 per stream): a stage that
         # falls behind holds two batches in memory, not thousands of records.
         stream_buffer_maxsize=2 * settings.batch_size,
+        # At most a batch per fetch hand-over (Faust's default hands over all that was fetched, which the
+        # embedded broker makes MBs of one partition): a paused partition stops within a batch.
+        broker_max_poll_records=settings.batch_size,
         table_cleanup_interval=settings.sweep_interval_seconds,
         recovery_consistency_check=settings.recovery_consistency_check,
         TableManager=SeekThenResumeTableManager,  # fixes a record-loss race on restart, see streams/recovery.py

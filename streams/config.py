@@ -120,6 +120,18 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."
     )
 
+    # Input alignment (streams/alignment.py). Keep it above event_time_max_ahead_hours: a producer
+    # whose clock runs ahead would otherwise have its partition held back.
+    input_alignment_max_lead_hours: float = Field(
+        2.0,
+        ge=0,
+        description="An input partition whose event time runs this far ahead of the slowest one still "
+        "delivering is paused until that one catches up; 0 turns alignment off.",
+    )
+    input_alignment_idle_seconds: float = Field(
+        2.0, gt=0, description="A partition that delivered nothing this long holds no other back."
+    )
+
     # --- Reliability ------------------------------------------------------------------------------
     send_timeout_seconds: float = Field(
         60.0,

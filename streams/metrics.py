@@ -72,6 +72,7 @@ class Metrics(NamedTuple):
     outcomes_unmatched: Counter
     response_actions: Counter
     consumer_lag: Gauge
+    input_partitions_paused: Gauge
     batch_seconds: Histogram
     labels: LabelCap
     child: ChildCache
@@ -213,6 +214,12 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
             "confidence_consumer_lag",
             "Records behind the end of each assigned input or repartition partition (streams/lag.py)",
             ("topic", "partition"),
+            registry=registry,
+        ),
+        input_partitions_paused=Gauge(
+            "confidence_input_partitions_paused",
+            "Input partitions this worker holds back because their event time runs ahead of the slowest "
+            "one still delivering (INPUT_ALIGNMENT_MAX_LEAD_HOURS, streams/alignment.py)",
             registry=registry,
         ),
         batch_seconds=Histogram(

@@ -73,13 +73,23 @@ class ExpiryClock:
     def __init__(self, max_ahead: timedelta) -> None:
         self.max_ahead = max_ahead
         self._newest: dict[int, dict[int, datetime]] = {}
+        self._latest: dict[int, datetime] = {}
 
     def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
         bounded = min(event_time, now() + self.max_ahead)
+        self._latest[partition] = bounded
         sources = self._newest.setdefault(partition, {})
         current = sources.get(source)
         if current is None or bounded > current:
             sources[source] = bounded
+
+    def latest(self, partition: int) -> datetime | None:
+        """The (bounded) event time of the partition's most recent event: how far reading has got.
+
+        Input alignment (streams/alignment.py) reads this rather than the newest time, which one
+        future-dated event would pin.
+        """
+        return self._latest.get(partition)
 
     def passed(self, partition: int, moment: datetime) -> bool:
         """True once the partition's event time (its oldest source's newest) is past `moment`."""

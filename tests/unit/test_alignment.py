@@ -1,0 +1,143 @@
+"""Input alignment (streams/alignment.py) against a fake consumer: who is paused, resumed, left alone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from faust.types import TP
+from prometheus_client import CollectorRegistry
+
+from streams import metrics
+from streams.alignment import InputAlignment, partitions_ahead
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def test_only_partitions_past_the_slowest_delivering_one_plus_the_lead_are_ahead() -> None:
+    times = {0: T0 + 5 * HOUR, 1: T0, 2: T0 + 2 * HOUR, 3: T0 + 9 * HOUR}
+    assert partitions_ahead(times, [0, 1, 2, 3], 2 * HOUR) == {0, 3}
+    assert partitions_ahead(times, [0, 2, 3], 2 * HOUR) == {0, 3}  # 2 (T0+2h) is the slowest now
+    assert partitions_ahead(times, [0, 3], 2 * HOUR) == {3}
+    assert partitions_ahead(times, [], 2 * HOUR) == set()  # nobody delivering: nobody held back
+    assert partitions_ahead(times, [7], 2 * HOUR) == set()  # a partition of unknown time holds nobody
+
+
+class FakeConsumer:
+    def __init__(self, partitions: list[int], topics: tuple[str, ...] = ("in",)) -> None:
+        self.assigned = {TP(topic, p) for topic in topics for p in partitions}
+        self.paused: set[TP] = set()
+
+    def assignment(self) -> set[TP]:
+        return self.assigned
+
+    def pause_partitions(self, tps: set[TP]) -> None:
+        self.paused |= tps
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        self.paused -= tps
+
+
+class FakeApp:
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.rebalancing = False
+        self.in_recovery = False
+
+
+class Setup:
+    def __init__(self, partitions: list[int], topics: tuple[str, ...] = ("in",)) -> None:
+        self.times: dict[int, datetime] = {}
+        self.now = 100.0
+        self.registry = CollectorRegistry()
+        self.consumer = FakeConsumer(partitions, topics)
+        self.app = FakeApp(self.consumer)
+        self.alignment = InputAlignment(
+            topics,
+            self.times.get,
+            max_lead=2 * HOUR,
+            idle_seconds=2.0,
+            metrics=metrics.create(self.registry),
+            clock=lambda: self.now,
+        )
+
+    def batch(self, **times: datetime) -> None:
+        """Stage 1 processed records of these partitions (p0=..., p1=...), reaching these event times."""
+        partitions = {int(name[1:]): moment for name, moment in times.items()}
+        self.times.update(partitions)
+        self.alignment.after_batch(self.app, partitions)
+
+    def paused(self) -> set[int]:
+        return {tp.partition for tp in self.consumer.paused}
+
+    def gauge(self) -> float | None:
+        return self.registry.get_sample_value("confidence_input_partitions_paused")
+
+
+def test_a_partition_ahead_waits_for_the_slowest_delivering_one_and_then_resumes() -> None:
+    s = Setup([0, 1], topics=("in", "in2"))
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    assert {tp.topic for tp in s.consumer.paused} == {"in", "in2"}  # every input topic of the partition
+    assert s.gauge() == 1
+    s.now += 1
+    s.batch(p1=T0 + 7 * HOUR)  # within 3 h: still more than 2 h behind
+    assert s.paused() == {0}
+    s.batch(p1=T0 + 8 * HOUR)  # p0 is exactly 2 h ahead: allowed
+    assert s.paused() == set()
+    assert s.gauge() == 0
+
+
+def test_a_slowest_partition_that_stops_delivering_holds_nobody_back() -> None:
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    s.now += 2.5  # p1 delivered nothing for longer than idle_seconds: caught up, or stuck
+    s.alignment.check(s.app)  # the timer
+    assert s.paused() == set()
+
+
+def test_nothing_is_touched_while_faust_rebalances_or_recovers_and_a_resumed_partition_is_paused_again() -> (
+    None
+):
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    s.app.in_recovery = True
+    s.consumer.resume_partitions(set(s.consumer.assigned))  # what Faust's recovery does at its end
+    s.alignment.check(s.app)
+    assert s.paused() == set()
+    s.app.in_recovery = False
+    s.alignment.check(s.app)
+    assert s.paused() == {0}
+    s.app.rebalancing = True
+    s.consumer.assigned = {TP("in", 0)}  # p1 revoked
+    s.alignment.check(s.app)
+    assert s.paused() == {0}
+    s.app.rebalancing = False
+    s.alignment.check(s.app)  # p1 is not ours any more: nobody holds p0 back
+    assert s.paused() == set()
+
+
+def test_a_future_dated_partition_counts_where_reading_is_not_its_newest_event() -> None:
+    # The partition's time is its latest event's (ExpiryClock.latest): one far-future event on p0 is
+    # followed by ordinary ones and p0 is not held back by it.
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 100 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    s.now += 3  # p0 paused, p1 idle
+    s.alignment.check(s.app)
+    assert s.paused() == set()
+    s.batch(p0=T0 + HOUR, p1=T0)
+    assert s.paused() == set()
+
+
+def test_a_failing_consumer_is_logged_not_raised() -> None:
+    s = Setup([0, 1])
+
+    def broken() -> set[TP]:
+        raise RuntimeError("consumer stopped")
+
+    s.consumer.assignment = broken  # type: ignore[method-assign]
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)  # does not raise
+    assert s.paused() == set()
