@@ -64,7 +64,7 @@ class InputAlignment:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topics = frozenset(topics)
-        self.event_time = event_time  # the partition's newest event time seen by stage 1
+        self.event_time = event_time  # the time of the partition's latest event seen by stage 1
         self.max_lead = max_lead
         self.idle_seconds = idle_seconds
         self.metrics = metrics
