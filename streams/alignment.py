@@ -12,7 +12,8 @@ input partition that is still delivering records, and resumes it once that one h
 stopped delivering: caught up, revoked, or stuck; a partition that delivered nothing for
 `idle_seconds` holds nobody back, so alignment only ever delays and cannot stall the worker). Pausing
 is Faust's own `pause_partitions`: records already fetched wait in the fetcher's buffer, and the
-partition is not fetched again until it resumes; nothing is skipped or dropped.
+partition is not fetched again until it resumes. Nothing is skipped: records of a partition paused
+while their fetch was under way are sought back and read again (streams/transport.py).
 """
 
 from __future__ import annotations
