@@ -142,6 +142,9 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # Scores wait for outcomes CALIBRATION_JOIN_WINDOW_HOURS of event time (7 days by default).
         CALIBRATION_JOIN_WINDOW_HOURS=f"{ttl_hours:.6f}",
         SWEEP_INTERVAL_SECONDS="0.5",
+        # Input alignment scaled like the TTLs above: the default lead (2 h) is a twelfth of the default
+        # trace TTL (24 h), and unscaled it would be most of this run's TTL.
+        INPUT_ALIGNMENT_MAX_LEAD_HOURS=f"{ttl_hours / 12:.6f}",
         # Synthetic event times run days past the wall clock: let the expiry clock follow them.
         EVENT_TIME_MAX_AHEAD_HOURS="1000000",
     )
