@@ -271,6 +271,7 @@ def test_every_dashboard_metric_is_one_the_worker_defines() -> None:
         "confidence_events_dead_lettered_total",
         "confidence_processing_latency_seconds_bucket",
         "confidence_consumer_lag",
+        "confidence_input_partitions_paused",
         "rlm_synthesis_conflicts_sum",
         "confidence_calibration_ece",
         "confidence_calibration_brier",
