@@ -98,9 +98,7 @@ def test_a_slowest_partition_that_stops_delivering_holds_nobody_back() -> None:
     assert s.paused() == set()
 
 
-def test_nothing_is_touched_while_faust_rebalances_or_recovers_and_a_resumed_partition_is_paused_again() -> (
-    None
-):
+def test_left_alone_while_faust_rebalances_or_recovers_then_paused_again() -> None:
     s = Setup([0, 1])
     s.batch(p0=T0 + 10 * HOUR, p1=T0)
     s.app.in_recovery = True
