@@ -125,6 +125,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     app = FetchWaitApp(
         settings.app_id,
         consumer_fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+        consumer_fetch_max_bytes=settings.consumer_fetch_max_bytes,
         broker=[f"kafka://{server.strip()}" for server in settings.kafka_bootstrap_servers.split(",")],
         store="memory://",
         key_serializer="raw",

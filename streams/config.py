@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     consumer_fetch_max_wait_ms: int = Field(
         20, ge=0, le=60_000, description="Longest a consumer fetch waits for data (Faust's own is 1500)."
     )
+    # aiokafka's default is 50 MB per fetch. Records fetched wait in its buffer until the streams take
+    # them, so a stage that falls behind held a fetch-sized backlog of every partition it lagged on
+    # (the full soak: RSS followed the internal topics' lag). A record larger than this still comes back
+    # alone, so it never stalls a partition.
+    consumer_fetch_max_bytes: int = Field(
+        1_048_576, ge=1024, description="Most bytes one consumer fetch returns over all its partitions."
+    )
     # Faust's start-of-recovery check that a standby has not read past the changelog's end. With the
     # in-memory store it can only fire on a broker reporting a stale end offset (the embedded test
     # broker does, DESIGN section 7); the harness turns it off there, never by default.

@@ -4,7 +4,9 @@ and a cheaper hand-over of each fetched record to the streams.
 1. faust-streaming 0.15.3 hard-codes `fetch_max_wait_ms=1500` for the worker's consumer. A fetch that
    finds no data waits that long, and on brokers that hold fetches (Tansu holds each one for about
    half of it even when data is there, DESIGN section 7) every hop between stages pays it.
-   `CONSUMER_FETCH_MAX_WAIT_MS` replaces that one argument.
+   `CONSUMER_FETCH_MAX_WAIT_MS` replaces that one argument. Faust does not pass aiokafka's
+   `fetch_max_bytes` either (50 MB by default, which a lagging consumer holds in its fetch buffer);
+   `CONSUMER_FETCH_MAX_BYTES` sets it.
 
 2. Faust's `Consumer.getmany` skips fetched records of partitions that are paused (every stream
    partition is paused while a rebalance restores tables) or of a generation that changed while the
@@ -44,7 +46,9 @@ __all__ = ["FetchWaitApp"]
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):  # type: ignore[misc]
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.app.consumer_fetch_max_wait_ms  # read by its Fetcher at start
+        # Both read by its Fetcher at start.
+        consumer._fetch_max_wait_ms = self.app.consumer_fetch_max_wait_ms
+        consumer._fetch_max_bytes = self.app.consumer_fetch_max_bytes
         return consumer
 
 
@@ -208,10 +212,19 @@ class _Transport(faust_aiokafka.Transport):  # type: ignore[misc]
 
 
 class FetchWaitApp(faust.App):  # type: ignore[misc]
-    """A Faust app whose worker consumer waits at most `consumer_fetch_max_wait_ms` per fetch."""
+    """A Faust app whose worker consumer waits at most `consumer_fetch_max_wait_ms` per fetch and
+    fetches at most `consumer_fetch_max_bytes` at a time (Faust sets neither; the defaults are its and
+    aiokafka's)."""
 
-    def __init__(self, *args: Any, consumer_fetch_max_wait_ms: int = 1500, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        consumer_fetch_max_wait_ms: int = 1500,
+        consumer_fetch_max_bytes: int = 52_428_800,
+        **kwargs: Any,
+    ) -> None:
         self.consumer_fetch_max_wait_ms = consumer_fetch_max_wait_ms
+        self.consumer_fetch_max_bytes = consumer_fetch_max_bytes
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> Any:

@@ -1,6 +1,6 @@
-"""Worker tuning settings reach what they tune: CONSUMER_FETCH_MAX_WAIT_MS the aiokafka consumer Faust
-builds (Faust hard-codes 1500 ms), GC_GEN0_THRESHOLD the garbage collector. The consumer's
-`getmany` never drops fetched records silently (tests/integration/test_rebalance.py end to end), and its
+"""Worker tuning settings reach what they tune: CONSUMER_FETCH_MAX_WAIT_MS and CONSUMER_FETCH_MAX_BYTES
+the aiokafka consumer Faust builds (Faust hard-codes 1500 ms and leaves aiokafka's 50 MB),
+GC_GEN0_THRESHOLD the garbage collector. The consumer's `getmany` never drops fetched records silently (tests/integration/test_rebalance.py end to end), and its
 cheaper hand-over of each record behaves as Faust's `wait_first` does (delivered, or given up when a
 rebalance suspends the flow)."""
 
@@ -16,12 +16,13 @@ from streams.app import create_app
 from streams.config import load_settings
 
 
-async def test_fetch_wait_setting_reaches_the_worker_consumer() -> None:
-    svc = create_app(load_settings(consumer_fetch_max_wait_ms=37))
+async def test_fetch_settings_reach_the_worker_consumer() -> None:
+    svc = create_app(load_settings(consumer_fetch_max_wait_ms=37, consumer_fetch_max_bytes=65_432))
     thread = svc.app.consumer._thread
     consumer = thread._create_worker_consumer(svc.app.transport)
     try:
         assert consumer._fetch_max_wait_ms == 37
+        assert consumer._fetch_max_bytes == 65_432
     finally:
         await consumer.stop()
 
