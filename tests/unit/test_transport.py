@@ -1,8 +1,8 @@
 """Worker tuning settings reach what they tune: CONSUMER_FETCH_MAX_WAIT_MS and CONSUMER_FETCH_MAX_BYTES
 the aiokafka consumer Faust builds (Faust hard-codes 1500 ms and leaves aiokafka's 50 MB),
-GC_GEN0_THRESHOLD the garbage collector. The consumer's `getmany` never drops fetched records silently (tests/integration/test_rebalance.py end to end), and its
-cheaper hand-over of each record behaves as Faust's `wait_first` does (delivered, or given up when a
-rebalance suspends the flow)."""
+GC_GEN0_THRESHOLD the garbage collector. The consumer's `getmany` never drops fetched records silently
+(tests/integration/test_rebalance.py end to end), and its cheaper hand-over of each record behaves as
+Faust's `wait_first` does (delivered, or given up when a rebalance suspends the flow)."""
 
 from __future__ import annotations
 
