@@ -9,10 +9,12 @@ from bench.claims import main as claims_main
 from bench.history import main as history_main
 from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
+from bench.stages import main as stages_main
 
 if __name__ == "__main__":
     scoring_main()
     claims_main()
     history_main()
     calibration_main()
+    stages_main()
     sys.exit(pipeline_main())

@@ -74,9 +74,12 @@ class ExpiryClock:
         self.max_ahead = max_ahead
         self._newest: dict[int, dict[int, datetime]] = {}
         self._latest: dict[int, datetime] = {}
+        self._bound = now() + max_ahead  # the wall clock only grows: an older bound is never too far
 
     def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
-        bounded = min(event_time, now() + self.max_ahead)
+        if event_time > self._bound:  # only then can the current bound (a clock read) be lower
+            self._bound = now() + self.max_ahead
+        bounded = min(event_time, self._bound)
         self._latest[partition] = bounded
         sources = self._newest.setdefault(partition, {})
         current = sources.get(source)

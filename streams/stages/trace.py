@@ -43,6 +43,8 @@ from streams.state import (
 
 __all__ = ["TraceStage", "claim_definition"]
 
+StateChanges = dict[str, object]  # TraceState fields an input changes, applied in one copy
+
 
 class TraceStage:
     """Stage 1: everything keyed by trace."""
@@ -105,16 +107,17 @@ class TraceStage:
                 out.emit(with_scored_at(output), key, is_flagged(output), record.timestamp)
             self._forward(event, state, record, out)
             return state
-        last_time = max(state.last_event_time, event.timestamp)
         if isinstance(event, ToolInvocation):
-            state, produced = self._tool(state, event, record, out)
+            changes, produced = self._tool(state, event, record, out)
         elif isinstance(event, LlmResponse):
-            state, produced = self._response(state, event, record, out)
+            changes, produced = self._response(state, event, record, out)
         else:
-            state, produced = self._claim(state, event, record, out)
+            changes, produced = self._claim(state, event, record, out)
+        # One copy per event: the handlers name the fields they change (a copy is about 1.5 us).
         return state.model_copy(
             update={
-                "last_event_time": last_time,
+                **changes,
+                "last_event_time": max(state.last_event_time, event.timestamp),
                 "remembered": {**state.remembered, event.event_id: produced},
             }
         )
@@ -123,7 +126,7 @@ class TraceStage:
 
     def _tool(
         self, state: TraceState, event: ToolInvocation, record: InputRecord, out: Outputs
-    ) -> tuple[TraceState, list[dict[str, object]]]:
+    ) -> tuple[StateChanges, list[dict[str, object]]]:
         cfg = self.configs.evidence
         invocation = evidence.Invocation(
             event_id=event.event_id,
@@ -162,7 +165,7 @@ class TraceStage:
             source = upstream("trace", record.partition)
             item = CalibrationItem(subject=subject, received_at=record.timestamp)
             out.calibrate(event.tenant_id, source, item)
-        return state.model_copy(update={"evidence": new_evidence}), [without_scored_at(output)]
+        return {"evidence": new_evidence}, [without_scored_at(output)]
 
     # --- OUTCOME -> the calibration stage ------------------------------------------------------------
 
@@ -177,7 +180,8 @@ class TraceStage:
 
     def _response(
         self, state: TraceState, event: LlmResponse, record: InputRecord, out: Outputs
-    ) -> tuple[TraceState, list[dict[str, object]]]:
+    ) -> tuple[StateChanges, list[dict[str, object]]]:
+        changes: StateChanges = {}
         produced: list[dict[str, object]] = []
         pending = self._pending(event, record)
         if event.role == "sub_call":
@@ -188,7 +192,7 @@ class TraceStage:
                 components=pending.heuristic.components,
                 logprob_confidence=pending.confidence,
             )
-            state = state.model_copy(update={"sub_calls": {**state.sub_calls, sub_id: sub}})
+            changes["sub_calls"] = {**state.sub_calls, sub_id: sub}
         elif event.role == "synthesis":
             result = synthesis.synthesize(
                 [
@@ -222,7 +226,7 @@ class TraceStage:
             out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
             produced.append(without_scored_at(output))
         self._send_pending(pending, out)
-        return state, produced
+        return changes, produced
 
     def _pending(self, event: LlmResponse, record: InputRecord) -> PendingResponse:
         cfg = self.configs.response
@@ -253,7 +257,8 @@ class TraceStage:
 
     def _claim(
         self, state: TraceState, event: ClaimEvent, record: InputRecord, out: Outputs
-    ) -> tuple[TraceState, list[dict[str, object]]]:
+    ) -> tuple[StateChanges, list[dict[str, object]]]:
+        changes: StateChanges = {}
         claims = state.claims
         if event.claim_id in claims or len(claims) < self.settings.synthesis_max_claims:
             trace_claim = synthesis.TraceClaim(
@@ -264,9 +269,9 @@ class TraceStage:
                     (r.target, r.strength) for r in event.relationships if r.type == "contradicts"
                 ),
             )
-            state = state.model_copy(update={"claims": {**claims, event.claim_id: trace_claim}})
+            changes["claims"] = {**claims, event.claim_id: trace_claim}
         self._send_claim(event, record, out)
-        return state, []
+        return changes, []
 
     def _send_claim(self, event: ClaimEvent, record: InputRecord, out: Outputs) -> None:
         arrived = claim_graph.ClaimArrived(

@@ -96,3 +96,24 @@ def test_min_never_above_average(values: list[float]) -> None:
 def test_extreme_values_do_not_overflow() -> None:
     # Found by hypothesis: the plain sum of two -9e307 overflows.
     assert calculate_confidence([-8.988465674311579e307, -8.98846567431158e307], "average", 3) == 0.0
+
+
+def _valid_as_the_seed_states(logprobs: list[float | None]) -> list[float]:
+    """Seed 003's filter, entry by entry: skip None, NaN, > 1e-6 and +inf; (0, 1e-6] counts as 0."""
+    kept: list[float] = []
+    for lp in logprobs:
+        if lp is None or math.isnan(lp) or lp > 1e-6 or lp == math.inf:
+            continue
+        kept.append(0.0 if lp > 0.0 else lp)
+    return kept
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(), st.sampled_from([1e-6, 5e-7, 0.0, -0.0, -INF, INF, NAN]))))
+def test_filter_is_the_seed_rule(values: list[float | None]) -> None:
+    # The filter is one comparison per entry (a comprehension, for speed); it must keep exactly what
+    # the seed's explicit checks keep, the sign of -0.0 included.
+    from streams.scoring.response import _valid
+
+    expected = _valid_as_the_seed_states(values)
+    got = _valid(values)
+    assert [(v, math.copysign(1.0, v)) for v in got] == [(v, math.copysign(1.0, v)) for v in expected]
