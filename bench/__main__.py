@@ -10,11 +10,13 @@ from bench.history import main as history_main
 from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
 from bench.stages import main as stages_main
+from bench.trace_size import main as trace_size_main
 
 if __name__ == "__main__":
     scoring_main()
     claims_main()
     history_main()
+    trace_size_main()
     calibration_main()
     stages_main()
     sys.exit(pipeline_main())

@@ -1,0 +1,114 @@
+"""Stage 1 cost per TOOL_INVOCATION for a trace with 10, 100 and 1,000 earlier tool invocations.
+
+Issue 10 asks that cost follow the work, not the state's size; `bench/history.py` and
+`bench/claims.py` show that for agent history and claim graphs. This shows it is *not* so for a
+trace (eleventh round, docs/DECISIONS.md): seed 001's convergence compares every target of the trace
+with every other (quadratic in the trace's distinct targets), and the trace state keeps every
+input's outputs for re-delivery (it grows by about 0.5 KB per input and is rewritten whole). The
+trace is built directly (distinct file targets spread over read, search, git and verification, one
+remembered output per earlier input); each measured input is a batch of its own and its state is
+encoded, as the worker's table write does. The baseline is the 10-input trace in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+
+import orjson
+from prometheus_client import CollectorRegistry
+from rich.console import Console
+from rich.table import Table
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.scoring.evidence import EvidenceState
+from streams.stages import InputRecord, TraceStage
+from streams.state import TraceState, table_key
+
+T0 = datetime(2026, 11, 22, tzinfo=UTC)
+SETTINGS = load_settings()
+MEASURED = 20
+
+
+def _tool(i: int, tool: str, target: str) -> dict[str, object]:
+    return {
+        "event_id": f"tool-{i}",
+        "event_type": "TOOL_INVOCATION",
+        "timestamp": (T0 + timedelta(seconds=i)).isoformat(),
+        "tenant_id": "bench",
+        "trace_id": "long-trace",
+        "agent_name": "investigator",
+        "agent_type": "planner",
+        "schema_version": 1,
+        "tool": tool,
+        "target": target,
+        "status": "ok",
+        "result_count": 2,
+    }
+
+
+def _trace(size: int, stage: TraceStage) -> TraceState:
+    """A trace after `size` tool invocations, each on a file of its own."""
+    targets = [f"src/module_{i}/handler_{i}.py" for i in range(size)]
+    evidence = EvidenceState(
+        reads=tuple(targets[0::3]),
+        search_hits={"grep": tuple(targets[1::6]), "find": tuple(targets[4::6])},
+        git_targets=tuple(targets[2::6]),
+        verification_targets=tuple(targets[5::6]),
+        build_latest=True,
+        applied=tuple(f"tool-{i}" for i in range(size)),
+    )
+    # One real TRACE_SCORED output, remembered once per earlier input (ids aside, they look alike).
+    out, _ = stage.process(
+        [InputRecord("in", 0, 0, 1.0, orjson.dumps(_tool(0, "read", targets[0])))], lambda _: None
+    )
+    output = orjson.loads(next(r.value for r in out if r.topic == SETTINGS.scored_topic))
+    output.pop("scored_at")
+    return TraceState(
+        tenant_id="bench",
+        trace_id="long-trace",
+        partition=0,
+        last_event_time=T0 + timedelta(seconds=size),
+        evidence=evidence,
+        remembered={f"tool-{i}": [output] for i in range(size)},
+    )
+
+
+def _per_input(size: int) -> tuple[float, int]:
+    """(median microseconds per input, state bytes after them) for a trace of `size` inputs."""
+    stage = TraceStage(SETTINGS, scoring_configs(SETTINGS), metrics.create(CollectorRegistry()))
+    state = _trace(size, stage)
+    key = table_key("bench", "long-trace")
+    samples, encoded = [], b""
+    for n in range(MEASURED):
+        i = size + n
+        record = InputRecord(
+            "in", 0, i, 1.0, orjson.dumps(_tool(i, ("read", "grep", "git")[n % 3], f"src/new_{i}.py"))
+        )
+        began = time.perf_counter_ns()
+        _, written = stage.process([record], {key: state}.get)
+        state = written[key]
+        encoded = state.model_dump_json().encode()  # the table write
+        samples.append((time.perf_counter_ns() - began) / 1000)
+    return statistics.median(samples), len(encoded)
+
+
+def main() -> None:
+    table = Table(
+        title=f"trace size: stage 1 cost per TOOL_INVOCATION ({MEASURED} inputs per size, one per batch, "
+        "state encoded)"
+    )
+    for column in ("earlier inputs in the trace", "median us", "trace state KB", "x 10-input trace"):
+        table.add_column(column, justify="right")
+    base = None
+    for size in (10, 100, 1_000):
+        median, state_bytes = _per_input(size)
+        base = base or median
+        table.add_row(f"{size:,}", f"{median:,.0f}", f"{state_bytes / 1024:,.0f}", f"{median / base:,.1f}x")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
