@@ -7,11 +7,16 @@ DESIGN 4/4b settle the rules. Choices where they are silent:
 - among equally good convergence anchors the first seen (category order read, search, verification,
   discovery, git, ci; then arrival) is reported;
 - the state keeps at most `max_event_ids` applied ids (oldest dropped); targets are deduplicated.
+
+Matching every target with every other on each input made a trace's cost quadratic in its distinct
+targets (280 ms per input at 1,000: bench/trace_size.py). So `update` keeps, per target, the lists
+holding a target it matches (`EvidenceState.matched`): adding a target compares it once with each
+target already there, and `score` reads the index instead of comparing pairs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -99,6 +104,9 @@ class EvidenceState(BaseModel):
     ci_targets: tuple[str, ...] = ()
     recovery_attempts: int = 0
     applied: tuple[str, ...] = ()
+    # Target -> the lists ("read", "search:<tool>", "verification", "discovery", "git", "ci") holding a
+    # target that matches it, itself included. Kept by `update`; empty in values stored before it.
+    matched: dict[str, tuple[str, ...]] = {}
 
 
 class Convergence(BaseModel):
@@ -126,10 +134,6 @@ class EvidenceResult(BaseModel):
     recovery_attempts: int
 
 
-def _add(values: tuple[str, ...], value: str) -> tuple[str, ...]:
-    return values if value in values else (*values, value)
-
-
 def targets_match(a: str, b: str) -> bool:
     """Equal (lower-cased), or one of at least 3 characters inside the other's file name."""
     if a == b:
@@ -147,6 +151,7 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
     if inv.event_id in state.applied:
         return state
     changes: dict[str, object] = {"applied": (*state.applied, inv.event_id)[-cfg.max_event_ids :]}
+    added_to: str | None = None  # the list `target` joins, if it was not in it yet
     if inv.phase == "recovery":
         changes["recovery_attempts"] = state.recovery_attempts + 1
     category = cfg.tool_categories.get(inv.tool.lower())
@@ -154,39 +159,104 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
     tool = inv.tool.lower()
     if inv.status == "ok" and category is not None:
         if category == "search" and _has_results(inv):
-            changes["search_hits"] = {
-                **state.search_hits,
-                tool: _add(state.search_hits.get(tool, ()), target),
-            }
+            hits = state.search_hits.get(tool, ())
+            if target not in hits:
+                changes["search_hits"] = {**state.search_hits, tool: (*hits, target)}
+                added_to = f"search:{tool}"
         elif category == "read":
-            changes["reads"] = _add(state.reads, target)
+            added_to = _join(changes, "reads", state.reads, target, "read")
         elif category == "discovery":
             factors = max(0, min(4, inv.factors_found or 0))
             changes["discovery_best"] = max(factors, state.discovery_best or 0)
             if factors >= 1:
-                changes["discovery_targets"] = _add(state.discovery_targets, target)
+                added_to = _join(changes, "discovery_targets", state.discovery_targets, target, "discovery")
         elif category == "verification":
             passed = inv.tests_passed if tool == "ctest" else inv.build_passed
             passed = True if passed is None else passed
             changes["tests_latest" if tool == "ctest" else "build_latest"] = passed
             if passed:
-                changes["verification_targets"] = _add(state.verification_targets, target)
+                added_to = _join(
+                    changes, "verification_targets", state.verification_targets, target, "verification"
+                )
         elif category == "git" and _has_results(inv):
-            changes["git_targets"] = _add(state.git_targets, target)
+            added_to = _join(changes, "git_targets", state.git_targets, target, "git")
         elif category == "ci" and inv.complete:
-            changes["ci_targets"] = _add(state.ci_targets, target)
+            added_to = _join(changes, "ci_targets", state.ci_targets, target, "ci")
+    if len(state.matched) != len(_targets(state)):  # a value stored before the index: built once, kept
+        updated = state.model_copy(update=changes)
+        return updated.model_copy(update={"matched": _all_matches(updated)})
+    if added_to is not None:
+        changes["matched"] = _with_target(state, added_to, target)
     return state.model_copy(update=changes)
 
 
-def _search_score(state: EvidenceState) -> float | None:
+def _join(
+    changes: dict[str, object], field: str, values: tuple[str, ...], value: str, name: str
+) -> str | None:
+    """Add `value` to the `field` list in `changes` unless it is there; the list name if it was added."""
+    if value in values:
+        return None
+    changes[field] = (*values, value)
+    return name
+
+
+def _lists(state: EvidenceState) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Every list of positive targets, by the name `matched` uses for it."""
+    yield "read", state.reads
+    for tool, targets in state.search_hits.items():
+        yield f"search:{tool}", targets
+    yield "verification", state.verification_targets
+    yield "discovery", state.discovery_targets
+    yield "git", state.git_targets
+    yield "ci", state.ci_targets
+
+
+def _targets(state: EvidenceState) -> set[str]:
+    return {target for _, targets in _lists(state) for target in targets}
+
+
+def _with_target(state: EvidenceState, name: str, target: str) -> dict[str, tuple[str, ...]]:
+    """`state.matched` once `target` joins list `name`: one comparison per target already listed."""
+    index = dict(state.matched)
+    found = {name, *index.get(target, ())}
+    for list_name, targets in _lists(state):
+        for other in targets:
+            if targets_match(other, target):
+                found.add(list_name)
+                if name not in index[other]:
+                    index[other] = tuple(sorted((*index[other], name)))
+    index[target] = tuple(sorted(found))
+    return index
+
+
+def _all_matches(state: EvidenceState) -> dict[str, tuple[str, ...]]:
+    """The index from scratch: every target against every other (for values stored without it)."""
+    found: dict[str, set[str]] = {target: set() for target in _targets(state)}
+    for list_name, targets in _lists(state):
+        for other in targets:
+            for target, lists in found.items():
+                if targets_match(other, target):
+                    lists.add(list_name)
+    return {target: tuple(sorted(lists)) for target, lists in found.items()}
+
+
+def _index(state: EvidenceState) -> dict[str, tuple[str, ...]]:
+    """`state.matched`, or built here for a state that `update` did not make."""
+    return state.matched if len(state.matched) == len(_targets(state)) else _all_matches(state)
+
+
+def _searched(lists: tuple[str, ...]) -> bool:
+    return any(name.startswith("search:") for name in lists)
+
+
+def _search_score(state: EvidenceState, matched: dict[str, tuple[str, ...]]) -> float | None:
     if not state.search_hits:
         return None
     best = 0
     for targets in state.search_hits.values():
         for anchor in targets:
-            agreeing = sum(
-                1 for other in state.search_hits.values() if any(targets_match(anchor, t) for t in other)
-            )
+            # How many search tools found a target that matches this one.
+            agreeing = sum(1 for name in matched[anchor] if name.startswith("search:"))
             best = max(best, agreeing)
     return 0.92 if best >= 3 else 0.80 if best == 2 else 0.65
 
@@ -203,15 +273,14 @@ def _verification_score(state: EvidenceState) -> float | None:
     return None
 
 
-def _categories(state: EvidenceState) -> dict[str, float]:
+def _categories(state: EvidenceState, matched: dict[str, tuple[str, ...]]) -> dict[str, float]:
     scores: dict[str, float] = {}
-    search = _search_score(state)
-    searched = {t for targets in state.search_hits.values() for t in targets}
+    search = _search_score(state, matched)
     if state.reads:
         if search is None:
             scores["read"] = 0.55
         else:
-            confirmed = [p for p in state.reads if any(targets_match(p, t) for t in searched)]
+            confirmed = [p for p in state.reads if _searched(matched[p])]
             scores["read"] = 0.88 if len(confirmed) >= 3 else 0.80
     if search is not None:
         scores["search"] = search
@@ -227,11 +296,14 @@ def _categories(state: EvidenceState) -> dict[str, float]:
     return scores
 
 
-def _convergence(state: EvidenceState, categories: dict[str, float]) -> Convergence:
+def _convergence(
+    state: EvidenceState, categories: dict[str, float], matched: dict[str, tuple[str, ...]]
+) -> Convergence:
+    verification_positive = categories.get("verification", 0.0) >= 0.80
     positive: dict[str, tuple[str, ...]] = {
         "read": state.reads,
         "search": tuple(t for targets in state.search_hits.values() for t in targets),
-        "verification": state.verification_targets if categories.get("verification", 0.0) >= 0.80 else (),
+        "verification": state.verification_targets if verification_positive else (),
         "discovery": state.discovery_targets,
         "git": state.git_targets,
         "ci": state.ci_targets,
@@ -239,7 +311,10 @@ def _convergence(state: EvidenceState, categories: dict[str, float]) -> Converge
     best = Convergence(categories=(), count=0, bonus=0.0, target=None)
     for name in CATEGORY_ORDER:
         for anchor in positive[name]:
-            agreeing = [c for c in CATEGORY_ORDER if any(targets_match(anchor, t) for t in positive[c])]
+            lists = {list_name.partition(":")[0] for list_name in matched[anchor]}  # "search:find" -> search
+            agreeing = [
+                c for c in CATEGORY_ORDER if c in lists and (c != "verification" or verification_positive)
+            ]
             if len(agreeing) < 2:
                 continue
             bonus = 0.20 if len(agreeing) >= 3 else 0.10
@@ -265,11 +340,12 @@ def _band(final: float) -> Band:
 
 def score(state: EvidenceState, cfg: EvidenceConfig) -> EvidenceResult:
     """Category-weighted base plus the convergence bonus in headroom form."""
-    categories = _categories(state)
+    matched = _index(state)
+    categories = _categories(state, matched)
     total = sum(cfg.weights[c] for c in categories)
     weights = {c: cfg.weights[c] / total for c in categories} if total else {}
     base = sum(categories[c] * weights[c] for c in categories)
-    convergence = _convergence(state, categories)
+    convergence = _convergence(state, categories, matched)
     final = base + convergence.bonus * (1.0 - base)
     rounded = round(final, 9)
     return EvidenceResult(

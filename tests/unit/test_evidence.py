@@ -212,3 +212,130 @@ def test_failed_build_after_passing_tests_lowers_verification(calls: list[Any]) 
     passed = run(*calls, ("ctest", "t", {"tests_passed": True}))
     failed = run(*calls, ("ctest", "t", {"tests_passed": True}), ("cmake", "t", {"build_passed": False}))
     assert failed.categories["verification"] < passed.categories["verification"]
+
+
+# --- the match index against the pairwise rules it replaced ------------------------------------------
+# `update` keeps, per target, the lists holding a matching target, so that `score` does not compare
+# every pair of targets on each input. These are the pairwise rules as DESIGN 4/4b state them (the
+# implementation before the index), kept as the oracle.
+
+
+def _pairwise_categories(state: EvidenceState) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    search = None
+    if state.search_hits:
+        best = 0
+        for targets in state.search_hits.values():
+            for anchor in targets:
+                agreeing = sum(
+                    1 for other in state.search_hits.values() if any(targets_match(anchor, t) for t in other)
+                )
+                best = max(best, agreeing)
+        search = 0.92 if best >= 3 else 0.80 if best == 2 else 0.65
+    searched = {t for targets in state.search_hits.values() for t in targets}
+    if state.reads:
+        if search is None:
+            scores["read"] = 0.55
+        else:
+            confirmed = [p for p in state.reads if any(targets_match(p, t) for t in searched)]
+            scores["read"] = 0.88 if len(confirmed) >= 3 else 0.80
+    if search is not None:
+        scores["search"] = search
+    return scores
+
+
+def _pairwise_convergence(state: EvidenceState, verification: float | None) -> tuple[Any, ...]:
+    order = ("read", "search", "verification", "discovery", "git", "ci")
+    positive: dict[str, tuple[str, ...]] = {
+        "read": state.reads,
+        "search": tuple(t for targets in state.search_hits.values() for t in targets),
+        "verification": state.verification_targets if (verification or 0.0) >= 0.80 else (),
+        "discovery": state.discovery_targets,
+        "git": state.git_targets,
+        "ci": state.ci_targets,
+    }
+    best: tuple[Any, ...] = ((), 0, 0.0, None)
+    for name in order:
+        for anchor in positive[name]:
+            agreeing = [c for c in order if any(targets_match(anchor, t) for t in positive[c])]
+            if len(agreeing) < 2:
+                continue
+            bonus = 0.20 if len(agreeing) >= 3 else 0.10
+            if "search" in agreeing and "read" in agreeing:
+                bonus += 0.05
+            if bonus > best[2]:
+                best = (tuple(sorted(agreeing)), len(agreeing), bonus, anchor)
+    return best
+
+
+# Targets that match each other in every way the rules allow: equal, case, contained in a file name,
+# shorter than 3 characters, and paths whose directory (not file name) holds another target.
+matching_target = st.sampled_from(
+    ["foo", "FOO", "src/foo.py", "src/Foo.py", "src/foo/bar.py", "bar", "baz/bar", "ab", "src/ab.py", "x",
+     "foobar", "lib/foobar.h", "oba", "src/x"]
+)  # fmt: skip
+indexed_call = st.tuples(
+    st.sampled_from(["find", "grep", "references", "read", "discovery", "cmake", "ctest", "git", "gh"]),
+    matching_target,
+    st.fixed_dictionaries(
+        {
+            "status": st.sampled_from(["ok", "ok", "empty", "error"]),
+            "result_count": st.one_of(st.none(), st.integers(0, 2)),
+            "factors_found": st.one_of(st.none(), st.integers(0, 4)),
+            "build_passed": st.one_of(st.none(), st.booleans()),
+            "tests_passed": st.one_of(st.none(), st.booleans()),
+            "complete": st.one_of(st.none(), st.booleans()),
+        }
+    ),
+)
+
+
+@given(st.lists(indexed_call, max_size=25), st.integers(0, 25))
+def test_indexed_scoring_equals_the_pairwise_rules(calls: list[Any], stored_at: int) -> None:
+    from streams.scoring.evidence import _all_matches
+
+    state = EvidenceState()
+    for i, (tool, target, fields) in enumerate(calls):
+        if i == stored_at:  # a value written before the index existed: no index in it
+            state = state.model_copy(update={"matched": {}})
+        state = update(state, Invocation(event_id=f"e{i}", tool=tool, target=target, **fields), CFG)
+        assert state.matched == _all_matches(state)  # kept exactly, input by input
+        result = score(state, CFG)
+        assert {c: result.categories[c] for c in ("read", "search") if c in result.categories} == (
+            _pairwise_categories(state)
+        )
+        convergence = result.convergence
+        assert (convergence.categories, convergence.count, convergence.bonus, convergence.target) == (
+            _pairwise_convergence(state, result.categories.get("verification"))
+        )
+    # A state that `update` did not make (no index) scores by the same rules.
+    bare = state.model_copy(update={"matched": {}})
+    assert score(bare, CFG) == score(state, CFG)
+
+
+def test_a_long_trace_compares_each_new_target_once() -> None:
+    # The reason for the index: 1,000 distinct targets cost one comparison each per new target, not
+    # one per pair of targets (bench/trace_size.py measures the time).
+    from streams.scoring import evidence
+
+    calls = 0
+    original = evidence.targets_match
+
+    def counted(a: str, b: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return original(a, b)
+
+    state = EvidenceState()
+    for i in range(1_000):
+        state = update(
+            state, Invocation(event_id=f"e{i}", tool="read", target=f"src/m{i}/f{i}.py", status="ok"), CFG
+        )
+    evidence.targets_match = counted  # type: ignore[assignment]
+    try:
+        state = update(state, Invocation(event_id="new", tool="grep", target="f999", status="ok"), CFG)
+        score(state, CFG)
+    finally:
+        evidence.targets_match = original  # type: ignore[assignment]
+    assert calls == 1_000  # the new target against each of the 1,000 listed before it; score: none
+    assert score(state, CFG).convergence.target == "src/m999/f999.py"
