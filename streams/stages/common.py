@@ -74,10 +74,10 @@ class ExpiryClock:
         self.max_ahead = max_ahead
         self._newest: dict[int, dict[int, datetime]] = {}
         self._latest: dict[int, datetime] = {}
-        self._bound = now() + max_ahead  # the wall clock only grows: an older bound is never too far
+        self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
     def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
-        if event_time > self._bound:  # only then can the current bound (a clock read) be lower
+        if event_time > self._bound:  # only an event past the cached bound needs a fresh clock read
             self._bound = now() + self.max_ahead
         bounded = min(event_time, self._bound)
         self._latest[partition] = bounded
