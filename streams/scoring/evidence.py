@@ -105,7 +105,8 @@ class EvidenceState(BaseModel):
     recovery_attempts: int = 0
     applied: tuple[str, ...] = ()
     # Target -> the lists ("read", "search:<tool>", "verification", "discovery", "git", "ci") holding a
-    # target that matches it, itself included. Kept by `update`; empty in values stored before it.
+    # target that matches it, itself included. Kept complete by `update`; empty in values stored
+    # before it existed (the next `update` builds it).
     matched: dict[str, tuple[str, ...]] = {}
 
 
@@ -182,7 +183,7 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             added_to = _join(changes, "git_targets", state.git_targets, target, "git")
         elif category == "ci" and inv.complete:
             added_to = _join(changes, "ci_targets", state.ci_targets, target, "ci")
-    if len(state.matched) != len(_targets(state)):  # a value stored before the index: built once, kept
+    if not state.matched and _targets(state):  # a value stored before the index: built once, then kept
         updated = state.model_copy(update=changes)
         return updated.model_copy(update={"matched": _all_matches(updated)})
     if added_to is not None:
@@ -241,8 +242,8 @@ def _all_matches(state: EvidenceState) -> dict[str, tuple[str, ...]]:
 
 
 def _index(state: EvidenceState) -> dict[str, tuple[str, ...]]:
-    """`state.matched`, or built here for a state that `update` did not make."""
-    return state.matched if len(state.matched) == len(_targets(state)) else _all_matches(state)
+    """`state.matched` (complete, or empty before the index existed), or built here if it is empty."""
+    return state.matched or _all_matches(state)
 
 
 def _searched(lists: tuple[str, ...]) -> bool:
