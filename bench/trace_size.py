@@ -3,7 +3,7 @@
 Issue 10 asks that cost follow the work, not the state's size; `bench/history.py` and
 `bench/claims.py` show that for agent history and claim graphs, this for a trace (eleventh round,
 docs/DECISIONS.md). Seed 001's convergence compared every target of the trace with every other on
-each input: 280 ms per input at 1,000 targets, 1,000x the small trace. The evidence state now keeps
+each input: 282 ms per input at 1,000 targets, 952x the small trace. The evidence state now keeps
 a match index (`EvidenceState.matched`), so a new target is compared once with each listed one. What
 still grows with the trace is linear: the trace state keeps every input's outputs for re-delivery
 (about 0.5 KB per input) and is encoded whole on each write. The trace is built directly (distinct

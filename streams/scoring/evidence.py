@@ -9,7 +9,7 @@ DESIGN 4/4b settle the rules. Choices where they are silent:
 - the state keeps at most `max_event_ids` applied ids (oldest dropped); targets are deduplicated.
 
 Matching every target with every other on each input made a trace's cost quadratic in its distinct
-targets (280 ms per input at 1,000: bench/trace_size.py). So `update` keeps, per target, the lists
+targets (282 ms per input at 1,000: bench/trace_size.py). So `update` keeps, per target, the lists
 holding a target it matches (`EvidenceState.matched`): adding a target compares it once with each
 target already there, and `score` reads the index instead of comparing pairs.
 """
