@@ -85,6 +85,7 @@ class DecodedStates(Generic[M]):
         self.max_entries = max_entries
         self.sweep_after = sweep_after
         self._decoded: OrderedDict[bytes, tuple[bytes, M]] = OrderedDict()
+        self._measured: dict[bytes, tuple[M, bytes]] = {}  # key -> (value, its encoding): `measure`
         # key -> (the bytes it was computed from, when the sweep must look again); every indexed key.
         self._due: dict[bytes, tuple[bytes, tuple[int, datetime] | None]] = {}
         # partition -> heap of (sweep moment, key). An entry counts only while `_due` holds the same
@@ -109,9 +110,25 @@ class DecodedStates(Generic[M]):
             return None
         return self._model(key, raw)
 
+    def stored_bytes(self, key: bytes) -> int:
+        """Size of the value stored for `key`; 0 if none."""
+        raw = self.table.get(key)
+        return 0 if raw is None else len(raw)
+
+    def measure(self, key: bytes, value: M) -> int:
+        """Size of `value` encoded; the encoding is kept in case `value` is the one written next."""
+        raw = value.model_dump_json().encode()
+        self._measured[key] = (value, raw)
+        if len(self._measured) > 64:  # values measured but never written (rejected inputs)
+            self._measured.clear()
+        return len(raw)
+
     def encode(self, key: bytes, value: M) -> bytes:
         """The bytes to write for `value` (remembered with it, so the next load skips decoding)."""
-        raw = value.model_dump_json().encode()
+        measured = self._measured.pop(key, None)
+        raw = (
+            measured[1] if measured is not None and measured[0] is value else value.model_dump_json().encode()
+        )
         self._remember(key, raw, value)
         if self.sweep_after is not None:
             self._note_due(key, raw, value)
@@ -121,6 +138,7 @@ class DecodedStates(Generic[M]):
         """Drop `key` (its state left the table)."""
         self._decoded.pop(key, None)
         self._due.pop(key, None)
+        self._measured.pop(key, None)
 
     def due(self, passed: Callable[[int, datetime], bool]) -> list[tuple[bytes, M]]:
         """The keys whose sweep moment `passed`, decoded; the others are not looked at.
@@ -450,7 +468,7 @@ def attach_agents(svc: Service) -> None:
     alignment = attach_input_alignment(svc)  # None when INPUT_ALIGNMENT_MAX_LEAD_HOURS=0
 
     def score_trace_batch(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, TraceState]]:
-        scored = svc.trace_stage.process(records, traces.load)
+        scored = svc.trace_stage.process(records, traces.load, traces)
         if alignment is not None:
             alignment.after_batch(app, {record.partition for record in records})
         return scored

@@ -121,6 +121,15 @@ class Settings(BaseSettings):
 
     # --- State lifetime (event time) --------------------------------------------------------------
     trace_ttl_hours: float = Field(24.0, gt=0, description="Per-trace state expires after this idle time.")
+    # A trace's state is one table value, written whole to its changelog; Apache Kafka refuses a record
+    # over the topic's max.message.bytes (1 MB by default), which would stop the worker on that trace
+    # after every restart. Half of that leaves room for the batch between two exact checks (stages/trace).
+    trace_state_max_bytes: int = Field(
+        524_288,
+        ge=16_384,
+        description="An input that would grow its trace's encoded state past this is dead-lettered "
+        "(reason trace_state_full).",
+    )
     claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
     sweep_interval_seconds: float = Field(60.0, gt=0)
     event_time_max_ahead_hours: float = Field(

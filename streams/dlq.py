@@ -28,6 +28,7 @@ Reason = Literal[
     "oversized_event",
     "oversized_array",
     "processing_error",
+    "trace_state_full",
 ]
 
 LOGPROBS_KEY = "token_logprobs"

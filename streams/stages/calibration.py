@@ -176,6 +176,7 @@ class CalibrationStage:
             out.guarded(
                 record, "calibration stage", lambda r: self._one(r, _Batch(load, dirty, r.partition), out)
             )
+        out.settle()
         return out.records, dirty
 
     def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:

@@ -68,6 +68,7 @@ class ClaimStage:
         dirty: dict[bytes, ClaimWrite] = {}
         for record in records:
             out.guarded(record, "claim stage", lambda r: self._one(r, load, dirty, out))
+        out.settle()
         return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(

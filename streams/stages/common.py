@@ -23,6 +23,7 @@ __all__ = [
     "InputRecord",
     "Outputs",
     "Record",
+    "Rejected",
     "bundle",
     "is_flagged",
     "key_partition",
@@ -165,13 +166,28 @@ def now() -> datetime:
 
 @dataclass
 class Outputs:
-    """Collects the records of one stage's batch and counts what it emits."""
+    """Collects the records of one stage's batch and the metric updates they cause.
+
+    The updates wait for `settle` at the end of the batch: a record that `guarded` drops takes its
+    updates with it, so no counter counts an output that was never sent.
+    """
 
     settings: Settings
     metrics: Metrics
     records: list[Record] = field(default_factory=list)
     # (tenant, upstream source, item) for the calibration stage, sent grouped at the end of the batch.
     calibration: list[tuple[str, int, CalibrationItem]] = field(default_factory=list)
+    metered: list[Callable[[], None]] = field(default_factory=list)
+
+    def meter(self, update: Callable[[], None]) -> None:
+        """Apply `update` (a metric change) when the batch settles, unless its record is dropped."""
+        self.metered.append(update)
+
+    def settle(self) -> None:
+        """Apply the batch's metric updates; call once, after the last record."""
+        for update in self.metered:
+            update()
+        self.metered.clear()
 
     def calibrate(self, tenant: str, source: int, item: CalibrationItem) -> None:
         """Queue a score or an outcome for the calibration stage."""
@@ -194,12 +210,18 @@ class Outputs:
 
         A scorer bug or an unreadable internal message must never stop the worker (DESIGN section 6).
         """
-        mark, calibration_mark = len(self.records), len(self.calibration)
+        mark, calibration_mark, metered_mark = len(self.records), len(self.calibration), len(self.metered)
         try:
             handle(record)
+        except Rejected as rejected:  # like a decode failure: the DLQ headers and a metric tell, no log
+            del self.records[mark:]
+            del self.calibration[calibration_mark:]
+            del self.metered[metered_mark:]
+            self.dead_letter(rejected.letter, record)
         except Exception as exc:
             del self.records[mark:]
             del self.calibration[calibration_mark:]
+            del self.metered[metered_mark:]
             log.error(
                 "dead-lettering %s[%d]@%d in the %s: %s",
                 record.topic,
@@ -215,10 +237,20 @@ class Outputs:
         self.records.append(Record(self.settings.scored_topic, key, value))
         if flagged:
             self.records.append(Record(self.settings.flagged_topic, key, value))
-        event_type = str(output["event_type"])
+        self.metered.append(functools.partial(self._count_output, str(output["event_type"]), received_at))
+
+    def _count_output(self, event_type: str, received_at: float) -> None:
         m = self.metrics
         m.child(m.outputs_emitted, event_type).inc()
         m.child(m.processing_latency, event_type).observe(max(0.0, time.time() - received_at))
+
+
+class Rejected(Exception):
+    """A valid record a stage cannot take (its trace's state is full): dead-lettered with this letter."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(letter.message)
+        self.letter = letter
 
 
 def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLetter:

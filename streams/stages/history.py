@@ -223,6 +223,7 @@ class AgentStage:
         dirty: dict[bytes, HistoryWrite] = {}
         for record in records:
             out.guarded(record, "history stage", lambda r: self._one(r, load, load_hour, dirty, out))
+        out.settle()
         return [*out.records, *calibration_records(self.settings, out)], dirty
 
     def _one(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
@@ -26,6 +29,7 @@ from streams.stages.common import (
     InputRecord,
     Outputs,
     Record,
+    Rejected,
     is_flagged,
     key_partition,
     now,
@@ -41,9 +45,45 @@ from streams.state import (
     table_key,
 )
 
-__all__ = ["TraceStage", "claim_definition"]
+__all__ = ["StateSizes", "TraceStage", "claim_definition"]
 
 StateChanges = dict[str, object]  # TraceState fields an input changes, applied in one copy
+
+
+class StateSizes(Protocol):
+    """Encoded sizes of trace states, as the table stores them (agents.DecodedStates)."""
+
+    def stored_bytes(self, key: bytes) -> int:
+        """Size of the value the table holds for `key`; 0 if none."""
+        ...
+
+    def measure(self, key: bytes, state: TraceState) -> int:
+        """Size of `state` encoded (an implementation may keep the encoding for the write)."""
+        ...
+
+
+class MeasuredSizes:
+    """`StateSizes` for callers without a table (tests, benchmarks): states are encoded to be measured."""
+
+    def __init__(self, load: Callable[[bytes], TraceState | None]) -> None:
+        self.load = load
+
+    def stored_bytes(self, key: bytes) -> int:
+        state = self.load(key)
+        return 0 if state is None else self.measure(key, state)
+
+    def measure(self, key: bytes, state: TraceState) -> int:
+        return len(state.model_dump_json().encode())
+
+
+@dataclass
+class _Batch:
+    """One batch's view of the trace table: states changed so far and an upper bound of their size."""
+
+    load: Callable[[bytes], TraceState | None]
+    sizes: StateSizes
+    dirty: dict[bytes, TraceState] = field(default_factory=dict)
+    size_bound: dict[bytes, int] = field(default_factory=dict)  # encoded bytes, at most
 
 
 class TraceStage:
@@ -56,22 +96,20 @@ class TraceStage:
         self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
 
     def process(
-        self, records: list[InputRecord], load: Callable[[bytes], TraceState | None]
+        self,
+        records: list[InputRecord],
+        load: Callable[[bytes], TraceState | None],
+        sizes: StateSizes | None = None,
     ) -> tuple[list[Record], dict[bytes, TraceState]]:
         """Process a batch in order; return records to send and the trace states to write (once each)."""
         out = Outputs(self.settings, self.metrics)
-        dirty: dict[bytes, TraceState] = {}
+        batch = _Batch(load, sizes or MeasuredSizes(load))
         for record in records:
-            out.guarded(record, "trace stage", lambda r: self._one(r, load, dirty, out))
-        return [*out.records, *calibration_records(self.settings, out)], dirty
+            out.guarded(record, "trace stage", lambda r: self._one(r, batch, out))
+        out.settle()
+        return [*out.records, *calibration_records(self.settings, out)], batch.dirty
 
-    def _one(
-        self,
-        record: InputRecord,
-        load: Callable[[bytes], TraceState | None],
-        dirty: dict[bytes, TraceState],
-        out: Outputs,
-    ) -> None:
+    def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
         if isinstance(event, DeadLetter):
             out.dead_letter(event, record)
@@ -82,7 +120,9 @@ class TraceStage:
             self._outcome(event, record, out)  # no trace state: the calibration stage de-duplicates
             return
         key = table_key(event.tenant_id, event.trace_id)
-        state = dirty.get(key) or load(key)
+        state = batch.dirty.get(key) or batch.load(key)
+        if key not in batch.size_bound:
+            batch.size_bound[key] = batch.sizes.stored_bytes(key)
         if state is None:
             state = TraceState(
                 tenant_id=event.tenant_id,
@@ -90,7 +130,40 @@ class TraceStage:
                 partition=record.partition,
                 last_event_time=event.timestamp,
             )
-        dirty[key] = self._apply(state, event, record, out)
+        mark = len(out.records)
+        changed = self._apply(state, event, record, out)
+        if changed is not state:  # a re-delivery changes nothing
+            batch.size_bound[key] = self._checked_size(key, changed, record, out.records[mark:], batch)
+        batch.dirty[key] = changed
+
+    def _checked_size(
+        self, key: bytes, state: TraceState, record: InputRecord, emitted: list[Record], batch: _Batch
+    ) -> int:
+        """An upper bound of `state`'s encoded size, exact (one encode) once it nears the limit.
+
+        Raises `Rejected` when the state would exceed `TRACE_STATE_MAX_BYTES`: one value of the table
+        is one changelog record, and a broker refuses records over its limit (1 MB by default), which
+        would stop the worker on this trace after every restart. Until the bound reaches a quarter of
+        the limit no encode is needed: an input adds at most twice its own bytes (ids and targets are
+        kept twice), its outputs and 4 KB; the match index's entries of earlier targets (at most six
+        list names each) stay well within that margin.
+        """
+        limit = self.settings.trace_state_max_bytes
+        bound = batch.size_bound[key] + 2 * len(record.value) + sum(len(r.value) for r in emitted) + 4096
+        if bound <= limit // 4:
+            return bound
+        size = batch.sizes.measure(key, state)
+        if size > limit:
+            raise Rejected(
+                DeadLetter(
+                    record.value,
+                    "trace_state_full",
+                    "TraceStateFull",
+                    f"the trace's state would be {size} bytes, over TRACE_STATE_MAX_BYTES ({limit}): "
+                    "the input was not applied",
+                )
+            )
+        return size
 
     def _apply(
         self,
@@ -150,9 +223,10 @@ class TraceStage:
             scored_at=now(),
             **vars(result),  # the evidence fields, top level (vars: a model's dict() iterates, 3-4 us)
         ).model_dump(mode="json")
-        self.metrics.child(self.metrics.evidence_band, result.band).inc()
+        m = self.metrics
+        out.meter(m.child(m.evidence_band, result.band).inc)
         if result.recovery_recommended:
-            self.metrics.recovery_recommended.inc()
+            out.meter(m.recovery_recommended.inc)
         out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
         if self.settings.calibration_enabled:
             subject = CalibrationSubject(
@@ -220,9 +294,10 @@ class TraceStage:
                 warnings=list(result.warnings),
                 filtered_count=result.filtered_count,
             ).model_dump(mode="json")
-            self.metrics.synthesis_confidence.observe(result.overall)
-            self.metrics.synthesis_conflicts.observe(len(result.conflicts))
-            self.metrics.synthesis_filtered.observe(result.filtered_count)
+            m = self.metrics
+            out.meter(functools.partial(m.synthesis_confidence.observe, result.overall))
+            out.meter(functools.partial(m.synthesis_conflicts.observe, len(result.conflicts)))
+            out.meter(functools.partial(m.synthesis_filtered.observe, result.filtered_count))
             out.emit(output, event.trace_id.encode(), is_flagged(output), record.timestamp)
             produced.append(without_scored_at(output))
         self._send_pending(pending, out)
