@@ -1,4 +1,5 @@
-"""Through a real broker: a long trace keeps seed 001's pairwise results across a worker restart.
+"""Through a real broker: a long trace keeps seed 001's pairwise results across a worker restart, and a
+trace that reaches TRACE_STATE_MAX_BYTES has what would grow it further dead-lettered, never written.
 
 The evidence state keeps a match index so that a trace's cost does not grow with the square of its
 targets (docs/DECISIONS.md, eleventh round). Here 300 tool invocations of one trace, with targets that
@@ -9,10 +10,18 @@ compared with the pairwise rules (the unit tests' oracle) applied to the same in
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import orjson
+from prometheus_client import CollectorRegistry
+
+from streams import metrics
+from streams.config import scoring_configs
 from streams.harness import RunningBroker
+from streams.kafka_io import Consumed, collect
 from streams.scoring.evidence import EvidenceConfig, EvidenceState, Invocation, update
+from streams.stages import InputRecord, TraceStage
 from tests.integration.fixtures import EventFactory, count_of, deploy
 from tests.unit.test_evidence import _pairwise_categories, _pairwise_convergence
 
@@ -89,3 +98,75 @@ def test_long_trace_matches_the_pairwise_rules_across_a_restart(kafka: RunningBr
     # The inputs exercise convergence in both halves, so the second half tested the restored index.
     bonuses = [expected[e["event_id"]][1][2] for e in events]
     assert max(bonuses[:half]) > 0 and max(bonuses[half:]) > 0
+
+
+STATE_LIMIT = 16_384
+
+
+def _accepted_offline(d: Any, events: list[dict[str, Any]]) -> set[str]:
+    """The input ids stage 1 applies under the deployment's settings, one per batch, without Kafka."""
+    stage = TraceStage(d.settings, scoring_configs(d.settings), metrics.create(CollectorRegistry()))
+    table: dict[Any, Any] = {}
+    for offset, event in enumerate(events):
+        record = InputRecord("in", 0, offset, 1.0, orjson.dumps(event))
+        table.update(stage.process([record], table.get)[1])
+    return {event_id for state in table.values() for event_id in state.remembered}
+
+
+def test_a_trace_at_its_state_bound_dead_letters_the_rest_across_a_restart(kafka: RunningBroker) -> None:
+    d = deploy(kafka, partitions=2, TRACE_STATE_MAX_BYTES=str(STATE_LIMIT))
+    f = EventFactory()
+    events = []
+    for i in range(120):  # a new target each: every input grows its trace; 1 in 8 is another trace
+        trace = "other-trace" if i % 8 == 7 else "full-trace"
+        events.append(
+            f.tool(trace, ("read", "grep", "git")[i % 3], f"src/module_{i}/handler_{i}.py", i * 0.1)
+        )
+    accepted = _accepted_offline(d, events)
+    refused = {e["event_id"] for e in events} - accepted
+    assert refused and all(e["trace_id"] == "full-trace" for e in events if e["event_id"] in refused)
+
+    def settled(ids: set[str]) -> Any:
+        def done(records: list[Consumed]) -> bool:
+            seen = {
+                orjson.loads(r.value).get("source_event_id")
+                for r in records
+                if r.topic == d.settings.scored_topic
+            }
+            dead = {orjson.loads(r.value)["event_id"] for r in records if r.topic == d.settings.dlq_topic}
+            return ids <= (seen & accepted) | (dead & refused)
+
+        return done
+
+    half = len(events) // 2
+    try:
+        first = d.start_worker()
+        d.produce(events[:half])
+        records = d.collect(settled({e["event_id"] for e in events[:half]}))
+        assert first.stop() == 0
+        d.start_worker()  # restores the full trace from the changelog
+        d.produce(events[half:])
+        records += d.collect(settled({e["event_id"] for e in events}))
+    finally:
+        d.stop()
+
+    scored = {o["source_event_id"] for o in d.outputs(records) if o["event_type"] == "TRACE_SCORED"}
+    assert scored & {e["event_id"] for e in events} == accepted
+    letters = [r for r in records if r.topic == d.settings.dlq_topic]
+    assert {orjson.loads(r.value)["event_id"] for r in letters} == refused
+    assert {dict(r.headers)["__connect.errors.reason"] for r in letters} == {b"trace_state_full"}
+
+    # What reached the changelog: the long trace's last state was written, and no value over the bound.
+    changelog = f"{d.settings.app_id}-traces-changelog"
+    last_id = max(
+        accepted & {e["event_id"] for e in events if e["trace_id"] == "full-trace"},
+        key=lambda i: int(i.split("-")[-1]),
+    )
+
+    def last_state_written(records: list[Consumed]) -> bool:
+        return any(r.value and f'"{last_id}"'.encode() in r.value for r in records)
+
+    written = asyncio.run(collect(kafka.bootstrap_servers, [changelog], last_state_written, 60))
+    sizes = [len(r.value) for r in written if r.value]
+    assert max(sizes) <= STATE_LIMIT
+    assert max(sizes) > STATE_LIMIT * 0.9, "the trace got close to the bound"
