@@ -74,7 +74,7 @@ class _Pipeline:
                 for i, (_, value) in enumerate(mix.records[start : start + BATCH])
             ]
             began = time.perf_counter()
-            records, traces = self.trace.process(batch, self.traces.load)
+            records, traces = self.trace.process(batch, self.traces.load, self.traces)
             for key, state in traces.items():
                 self.traces.table[key] = self.traces.encode(key, state)  # type: ignore[index]
             self.seconds[STAGES[0]] += time.perf_counter() - began

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streams import metrics
+from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
 from streams.scoring.evidence import EvidenceState, _all_matches
 from streams.stages import InputRecord, TraceStage
@@ -84,18 +85,20 @@ def _per_input(size: int) -> tuple[float, int]:
     stage = TraceStage(SETTINGS, scoring_configs(SETTINGS), metrics.create(CollectorRegistry()))
     state = _trace(size, stage)
     key = table_key("bench", "long-trace")
-    samples, encoded = [], b""
+    table: dict[bytes, bytes] = {}
+    states: DecodedStates[TraceState] = DecodedStates(table, TraceState)  # type: ignore[arg-type]
+    table[key] = states.encode(key, state)
+    samples = []
     for n in range(MEASURED):
         i = size + n
         record = InputRecord(
             "in", 0, i, 1.0, orjson.dumps(_tool(i, ("read", "grep", "git")[n % 3], f"src/new_{i}.py"))
         )
         began = time.perf_counter_ns()
-        _, written = stage.process([record], {key: state}.get)
-        state = written[key]
-        encoded = state.model_dump_json().encode()  # the table write
+        _, written = stage.process([record], states.load, states)
+        table[key] = states.encode(key, written[key])  # the table write
         samples.append((time.perf_counter_ns() - began) / 1000)
-    return statistics.median(samples), len(encoded)
+    return statistics.median(samples), len(table[key])
 
 
 def main() -> None:

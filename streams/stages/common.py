@@ -178,6 +178,7 @@ class Outputs:
     # (tenant, upstream source, item) for the calibration stage, sent grouped at the end of the batch.
     calibration: list[tuple[str, int, CalibrationItem]] = field(default_factory=list)
     metered: list[Callable[[], None]] = field(default_factory=list)
+    emitted_bytes: int = 0  # of the outputs emitted so far (each counted once, flagged copies aside)
 
     def meter(self, update: Callable[[], None]) -> None:
         """Apply `update` (a metric change) when the batch settles, unless its record is dropped."""
@@ -234,6 +235,7 @@ class Outputs:
 
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)
+        self.emitted_bytes += len(value)
         self.records.append(Record(self.settings.scored_topic, key, value))
         if flagged:
             self.records.append(Record(self.settings.flagged_topic, key, value))

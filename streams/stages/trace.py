@@ -130,14 +130,15 @@ class TraceStage:
                 partition=record.partition,
                 last_event_time=event.timestamp,
             )
-        mark = len(out.records)
+        emitted_before = out.emitted_bytes
         changed = self._apply(state, event, record, out)
         if changed is not state:  # a re-delivery changes nothing
-            batch.size_bound[key] = self._checked_size(key, changed, record, out.records[mark:], batch)
+            emitted = out.emitted_bytes - emitted_before  # the outputs it remembers
+            batch.size_bound[key] = self._checked_size(key, changed, record, emitted, batch)
         batch.dirty[key] = changed
 
     def _checked_size(
-        self, key: bytes, state: TraceState, record: InputRecord, emitted: list[Record], batch: _Batch
+        self, key: bytes, state: TraceState, record: InputRecord, emitted: int, batch: _Batch
     ) -> int:
         """An upper bound of `state`'s encoded size, exact (one encode) once it nears the limit.
 
@@ -149,7 +150,7 @@ class TraceStage:
         list names each) stay well within that margin.
         """
         limit = self.settings.trace_state_max_bytes
-        bound = batch.size_bound[key] + 2 * len(record.value) + sum(len(r.value) for r in emitted) + 4096
+        bound = batch.size_bound[key] + 2 * len(record.value) + emitted + 4096
         if bound <= limit // 4:
             return bound
         size = batch.sizes.measure(key, state)
