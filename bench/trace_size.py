@@ -6,9 +6,10 @@ docs/DECISIONS.md). Seed 001's convergence compared every target of the trace wi
 each input: 282 ms per input at 1,000 targets, 952x the small trace. The evidence state now keeps
 a match index (`EvidenceState.matched`), so a new target is compared once with each listed one. What
 still grows with the trace is linear: the trace state keeps every input's outputs for re-delivery
-(about 0.5 KB per input) and is encoded whole on each write. The trace is built directly (distinct
-file targets over read, search, git and verification, the index as `update` keeps it, one
-remembered output per earlier input); each measured input is a batch of its own and its state is
+(since the twelfth round in compressed blocks of 64 inputs, about 50 B per input instead of 0.5 KB)
+and is encoded whole on each write. The trace is built directly (distinct file targets over read,
+search, git and verification, the index as `update` keeps it, one remembered output per earlier
+input, kept as the stage keeps it); each measured input is a batch of its own and its state is
 encoded, as the worker's table write does. The baseline is the 10-input trace in the same run.
 """
 
@@ -26,9 +27,10 @@ from rich.table import Table
 from streams import metrics
 from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.ids import output_event_id
 from streams.scoring.evidence import EvidenceState, _all_matches
 from streams.stages import InputRecord, TraceStage
-from streams.state import TraceState, table_key
+from streams.state import TraceState, remembering, table_key
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 SETTINGS = load_settings()
@@ -70,14 +72,22 @@ def _trace(size: int, stage: TraceStage) -> TraceState:
     )
     output = orjson.loads(next(r.value for r in out if r.topic == SETTINGS.scored_topic))
     output.pop("scored_at")
-    return TraceState(
+    state = TraceState(
         tenant_id="bench",
         trace_id="long-trace",
         partition=0,
         last_event_time=T0 + timedelta(seconds=size),
         evidence=evidence,
-        remembered={f"tool-{i}": [output] for i in range(size)},
     )
+    for i in range(size):  # remembered as the stage keeps it: older inputs in compressed blocks
+        output = {
+            **output,
+            "event_id": output_event_id("TRACE_SCORED", f"tool-{i}"),
+            "source_event_id": f"tool-{i}",
+            "score": round(0.5 + (i % 50) / 100, 3),
+        }
+        state = state.model_copy(update=remembering(state, f"tool-{i}", [output]))
+    return state
 
 
 def _per_input(size: int) -> tuple[float, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import zlib
 from datetime import datetime
 from typing import Literal
 
@@ -30,6 +32,8 @@ __all__ = [
     "SubCallRecord",
     "SubjectEntry",
     "TraceState",
+    "remembered_outputs",
+    "remembering",
     "table_key",
 ]
 
@@ -60,8 +64,45 @@ class TraceState(BaseModel):
     evidence: EvidenceState = Field(default_factory=EvidenceState)
     sub_calls: dict[str, SubCallRecord] = Field(default_factory=dict)
     claims: dict[str, TraceClaim] = Field(default_factory=dict)
-    # Input event id -> the outputs it produced here, so a re-delivery re-emits them unchanged.
+    # Input event id -> the outputs it produced here, so a re-delivery re-emits them unchanged: the
+    # latest inputs' as they are, older ones in compressed blocks (`remembering`, `remembered_outputs`).
     remembered: dict[str, list[dict[str, object]]] = Field(default_factory=dict)
+    archived: tuple[str, ...] = Field((), description="Blocks of older `remembered` entries: zlib, base64.")
+    archived_in: dict[str, int] = Field(default_factory=dict, description="Input event id -> its block.")
+
+
+# A trace's outputs look alike (same fields, the same ids repeated), so a block of 64 compresses about
+# 10x: about 50 B per input instead of 520 for a TRACE_SCORED, and a trace reaches
+# TRACE_STATE_MAX_BYTES about four times later. A block is written once and read only on re-delivery.
+REMEMBERED_BLOCK = 64
+
+
+def remembering(state: TraceState, event_id: str, produced: list[dict[str, object]]) -> dict[str, object]:
+    """The TraceState fields that remember `produced` as `event_id`'s outputs (one block when full)."""
+    remembered = {**state.remembered, event_id: produced}
+    if len(remembered) < REMEMBERED_BLOCK:
+        return {"remembered": remembered}
+    block = base64.b64encode(zlib.compress(orjson.dumps(remembered))).decode("ascii")
+    index = len(state.archived)
+    return {
+        "remembered": {},
+        "archived": (*state.archived, block),
+        "archived_in": {**state.archived_in, **dict.fromkeys(remembered, index)},
+    }
+
+
+def remembered_outputs(state: TraceState, event_id: str) -> list[dict[str, object]] | None:
+    """The outputs `event_id` produced in this trace, or None if it was never applied here."""
+    recent = state.remembered.get(event_id)
+    if recent is not None:
+        return recent
+    index = state.archived_in.get(event_id)
+    if index is None:
+        return None
+    block: dict[str, list[dict[str, object]]] = orjson.loads(
+        zlib.decompress(base64.b64decode(state.archived[index]))
+    )
+    return block[event_id]
 
 
 class PendingResponse(BaseModel):

@@ -42,6 +42,8 @@ from streams.state import (
     PendingResponse,
     SubCallRecord,
     TraceState,
+    remembered_outputs,
+    remembering,
     table_key,
 )
 
@@ -174,7 +176,7 @@ class TraceStage:
         out: Outputs,
     ) -> TraceState:
         key = event.trace_id.encode()
-        remembered = state.remembered.get(event.event_id)
+        remembered = remembered_outputs(state, event.event_id)
         if remembered is not None:
             # Re-delivery: the same outputs again (fresh scored_at), and no state change.
             for output in remembered:
@@ -192,7 +194,7 @@ class TraceStage:
             update={
                 **changes,
                 "last_event_time": max(state.last_event_time, event.timestamp),
-                "remembered": {**state.remembered, event.event_id: produced},
+                **remembering(state, event.event_id, produced),
             }
         )
 

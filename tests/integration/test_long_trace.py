@@ -5,7 +5,8 @@ The evidence state keeps a match index so that a trace's cost does not grow with
 targets (docs/DECISIONS.md, eleventh round). Here 300 tool invocations of one trace, with targets that
 match each other in every way the rules allow, go through a worker that is stopped (SIGTERM) half-way
 and replaced, so the second half runs on the index restored from the changelog. Every TRACE_SCORED is
-compared with the pairwise rules (the unit tests' oracle) applied to the same inputs offline.
+compared with the pairwise rules (the unit tests' oracle) applied to the same inputs offline, and
+early inputs sent again re-emit their outputs from the compressed blocks of the restored state.
 """
 
 from __future__ import annotations
@@ -82,8 +83,21 @@ def test_long_trace_matches_the_pairwise_rules_across_a_restart(kafka: RunningBr
         d.produce(events[half:])
         later_ids = {e["event_id"] for e in events[half:]}
         records += d.collect(count_of("TRACE_SCORED", EVENTS - half, scored, later_ids))
+        # Re-delivered: early inputs, whose outputs the restored state keeps in compressed blocks.
+        again = {e["event_id"] for e in events[:3]}
+        d.produce(events[:3])
+        repeated = d.collect(count_of("TRACE_SCORED", 6, scored, again))
     finally:
         d.stop()
+    # Each collect reads from the beginning: `repeated` holds the first outputs and the re-emitted ones.
+    first_time = {o["source_event_id"]: o for o in d.outputs(records) if o["source_event_id"] in again}
+    both_times = [o for o in d.outputs(repeated) if o["source_event_id"] in again]
+    assert len(first_time) == 3 and len(both_times) == 6
+
+    def scores(outputs: list[dict[str, Any]]) -> set[bytes]:
+        return {orjson.dumps({k: v for k, v in o.items() if k != "scored_at"}) for o in outputs}
+
+    assert scores(both_times) == scores(list(first_time.values()))
     outputs = {
         o["source_event_id"]: o
         for o in d.outputs(records)
@@ -110,7 +124,7 @@ def _accepted_offline(d: Any, events: list[dict[str, Any]]) -> set[str]:
     for offset, event in enumerate(events):
         record = InputRecord("in", 0, offset, 1.0, orjson.dumps(event))
         table.update(stage.process([record], table.get)[1])
-    return {event_id for state in table.values() for event_id in state.remembered}
+    return {event_id for state in table.values() for event_id in [*state.remembered, *state.archived_in]}
 
 
 def test_a_trace_at_its_state_bound_dead_letters_the_rest_across_a_restart(kafka: RunningBroker) -> None:

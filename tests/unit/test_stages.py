@@ -95,3 +95,28 @@ def test_expiry_clock_is_per_partition_and_a_watermark_over_sources() -> None:
     clock.saw(1, t0 + 11 * hour)  # latest is the last event's time (input alignment), not the newest
     assert clock.latest(1) == t0 + 11 * hour
     assert clock.latest(0) == t0 + 2 * hour and clock.latest(2) is None
+
+
+def test_an_input_remembered_in_a_compressed_block_is_re_emitted_unchanged() -> None:
+    from streams.state import REMEMBERED_BLOCK
+
+    stage, store = _stage(), {}
+    inputs = [
+        _record(i, event_id=f"e{i}", tool="read", target=f"src/f{i}.h") for i in range(REMEMBERED_BLOCK + 5)
+    ]
+    first: list[dict[str, Any]] = []
+    for record in inputs:  # one batch each, as a slow trace arrives
+        records, states = stage.process([record], store.get)
+        store.update(states)
+        first += [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+    state = next(iter(store.values()))
+    assert (
+        len(state.archived) == 1 and len(state.archived_in) == REMEMBERED_BLOCK and len(state.remembered) == 5
+    )
+    again, unchanged = stage.process([inputs[3], inputs[-1]], store.get)  # one archived, one recent
+    assert unchanged[next(iter(store))] == state
+    scored = [orjson.loads(r.value) for r in again if r.topic == "scored-events"]
+    for before, now in zip([first[3], first[-1]], scored, strict=True):
+        assert {k: v for k, v in now.items() if k != "scored_at"} == {
+            k: v for k, v in before.items() if k != "scored_at"
+        }
