@@ -264,6 +264,12 @@ class Tracker:
     def done(self) -> bool:
         return not self.pending
 
+    def missing(self) -> list[tuple[int, int, str]]:
+        """(input partition, offset, event id) of each input still without its output, in input order."""
+        return sorted(
+            (*place, event_id) for place, event_id in self.produced.place.items() if event_id in self.pending
+        )
+
     def add(self, record: ConsumerRecord[bytes, bytes]) -> None:
         self.records += 1
         if record.topic == self.dlq_topic:
@@ -322,7 +328,8 @@ async def follow(bootstrap: str, topics: Sequence[str], tracker: Tracker, timeou
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{len(tracker.pending)} of {tracker.expected} inputs without their output "
-                    f"after {timeout:.0f}s ({tracker.records} output records read)"
+                    f"after {timeout:.0f}s ({tracker.records} output records read); first missing "
+                    f"(input partition, offset, event id): {tracker.missing()[:5]}"
                 )
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
             for batch in batches.values():
