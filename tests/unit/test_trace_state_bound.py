@@ -106,7 +106,7 @@ def test_a_trace_at_the_bound_dead_letters_what_would_grow_it_and_nothing_else()
     w = _Worker()
     events = [_tool(i, f"src/module_{i}/handler_{i}.py", ("read", "grep", "git")[i % 3]) for i in range(80)]
     events.append(_tool(80, "src/other.py", trace="short"))  # another trace is not affected
-    records = w.run(events, [1] * len(events))  # one input per batch: each write is measured
+    records = w.run(events, [1] * len(events))  # one input per batch, as a slow trace arrives
 
     dead = _dead(records)
     assert dead and all(reason == b"trace_state_full" for _, reason in dead)
