@@ -79,7 +79,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info"] = "info"
 
     # --- Bad input ----------------------------------------------------------------------------------
-    max_event_bytes: int = Field(1_048_576, ge=1024, description="Larger records are dead-lettered.")
+    # 1,000,000, not 1 MiB: every output and dead letter then fits in one record under Apache Kafka's
+    # default limit (message.max.bytes 1,048,588 with the batch header). A RESPONSE_SCORED carries
+    # the response text and a dead letter the input (capped here) plus its headers.
+    max_event_bytes: int = Field(1_000_000, ge=1024, description="Larger records are dead-lettered.")
     max_array_items: int = Field(100_000, ge=1, description="Longest accepted list in an event.")
 
     # --- Seed 003: per-response logprob confidence --------------------------------------------------

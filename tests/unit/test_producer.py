@@ -37,7 +37,7 @@ RESPONSE: dict[str, Any] = {
     "endpoint": "/v1/chat",
     "response": "Done.",
 }
-LIMITS = (1_048_576, 100_000)
+LIMITS = (1_000_000, 100_000)
 
 
 def _events() -> list[BaseModel]:

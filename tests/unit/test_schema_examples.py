@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "schemas" / "examples").glob("*.json"))
 # event_type -> its model, from the service's input union: a new input type needs no change here.
 MODEL_BY_TYPE = {event_type_of(model): model for model in INPUT_MODELS}
-LIMITS = (1_048_576, 100_000)  # the service's default MAX_EVENT_BYTES, MAX_ARRAY_ITEMS
+LIMITS = (1_000_000, 100_000)  # the service's default MAX_EVENT_BYTES, MAX_ARRAY_ITEMS
 
 
 def _validator(event_type: str) -> Draft202012Validator:

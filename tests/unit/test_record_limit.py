@@ -1,0 +1,117 @@
+"""With the default settings, nothing the worker sends is larger than Apache Kafka accepts by default.
+
+A broker refuses a record batch over `message.max.bytes` (1,048,588 bytes by default, the batch
+header of 61 bytes included); the worker would stop on that batch after every restart. The embedded
+test broker takes far larger records, so this is checked on the records themselves: the largest
+inputs the broker accepts, valid and not, are pushed through all four stages and every record the
+stages return (outputs, internal messages, dead letters) is measured.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
+from streams.stages.common import unbundle
+
+KAFKA_DEFAULT_LIMIT = 1_048_588 - 61 - 64  # the batch header, and a record's own framing (generous)
+SETTINGS = load_settings()
+EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
+BASE = {
+    "timestamp": "2026-11-22T10:00:00Z",
+    "tenant_id": "t",
+    "trace_id": "big",
+    "agent_name": "a",
+    "agent_type": "planner",
+    "schema_version": 1,
+}
+
+
+def _padded(event: dict[str, Any], field: str, size: int) -> bytes:
+    """`event` with `field` grown (from its own text) so that the encoded event is exactly `size` bytes."""
+    text = str(event.get(field) or "x") + " "
+    event = {**event, field: ""}
+    room = size - len(orjson.dumps(event))
+    event[field] = (text * (room // len(text) + 1))[:room]
+    raw = orjson.dumps(event)
+    assert len(raw) == size
+    return raw
+
+
+def _inputs() -> list[bytes]:
+    largest = SETTINGS.max_event_bytes
+    response = {**BASE, "event_type": "LLM_RESPONSE", "request_id": "r", "model": "m", "endpoint": "/v1"}
+    # A well supported answer (allowed, not blocked): its RESPONSE_SCORED carries the whole text.
+    supported = {**EXAMPLE, **BASE, "event_id": "plain", "token_logprobs": None}
+    return [
+        _padded(supported, "response", largest),
+        _padded({**response, "event_id": "sub", "role": "sub_call", "sub_call_id": "s"}, "response", largest),
+        _padded(
+            {**BASE, "event_id": "tool", "event_type": "TOOL_INVOCATION", "tool": "read"}, "target", largest
+        ),
+        _padded(
+            {
+                **BASE,
+                "event_id": "claim",
+                "event_type": "CLAIM",
+                "claim_id": "c",
+                "tier": "task",
+                "provenance": [{"source_type": "agent", "confidence": 0.8}],
+            },
+            "statement",
+            largest,
+        ),
+        b"{" + b"x" * (largest - 1),  # not JSON, at the limit: dead-lettered whole
+        _padded({**response, "event_id": "over"}, "response", KAFKA_DEFAULT_LIMIT),  # over the limit
+    ]
+
+
+def _all_records(inputs: list[bytes]) -> list[Record]:
+    """Every record the four stages send for `inputs`, internal hops followed to the end."""
+    configs, registry = scoring_configs(SETTINGS), metrics.create(CollectorRegistry())
+    stages: dict[str, Callable[[list[InputRecord]], tuple[list[Record], Any]]] = {
+        SETTINGS.responses_topic: lambda r: AgentStage(SETTINGS, configs, registry).process(
+            r, lambda _: None, lambda _: None
+        ),
+        SETTINGS.claims_topic: lambda r: ClaimStage(SETTINGS, configs, registry).process(r, lambda _: None),
+        SETTINGS.calibration_topic: lambda r: CalibrationStage(SETTINGS, configs, registry).process(
+            r, lambda _table, _key: None
+        ),
+    }
+    batch = [InputRecord("agent-events", 0, i, 1.0, value) for i, value in enumerate(inputs)]
+    sent, _ = TraceStage(SETTINGS, configs, registry).process(batch, lambda _: None)
+    everything = list(sent)
+    while sent:
+        waiting: dict[str, list[InputRecord]] = defaultdict(list)
+        for record in sent:
+            if record.topic in stages:
+                waiting[record.topic].append(InputRecord(record.topic, 0, 0, 1.0, record.value))
+        sent = []
+        for topic, records in waiting.items():
+            unbundled = [one for record in records for one in unbundle(record)]
+            sent += stages[topic](unbundled)[0]
+        everything += sent
+    return everything
+
+
+def _size(record: Record) -> int:
+    headers = sum(len(name) + len(value or b"") for name, value in record.headers or [])
+    return len(record.key or b"") + len(record.value) + headers
+
+
+def test_the_largest_inputs_make_no_record_over_kafkas_default_limit() -> None:
+    records = _all_records(_inputs())
+    scored = [orjson.loads(r.value) for r in records if r.topic == SETTINGS.scored_topic]
+    plain = next(o for o in scored if o["source_event_id"] == "plain")
+    assert len(plain["response"]) > 0.99 * SETTINGS.max_event_bytes  # the text did travel to the output
+    largest = max(records, key=_size)
+    assert _size(largest) <= KAFKA_DEFAULT_LIMIT, f"{_size(largest)} bytes to {largest.topic}"
+    assert _size(largest) > 0.9 * SETTINGS.max_event_bytes  # the inputs did make large records
