@@ -4,7 +4,8 @@ A broker refuses a record batch over `message.max.bytes` (1,048,588 bytes by def
 header of 61 bytes included); the worker would stop on that batch after every restart. The embedded
 test broker takes far larger records, so this is checked on the records themselves: the largest
 inputs the broker accepts, valid and not, are pushed through all four stages and every record the
-stages return (outputs, internal messages, dead letters) is measured.
+stages return (outputs, internal messages, dead letters) and every table value they write (a
+changelog record each) is measured.
 """
 
 from __future__ import annotations
@@ -46,8 +47,27 @@ def _padded(event: dict[str, Any], field: str, size: int) -> bytes:
     return raw
 
 
+def _claim(claim_id: str, statement: str = "s") -> dict[str, Any]:
+    provenance = [{"source_type": "agent", "confidence": 0.8}]
+    return {
+        **BASE,
+        "event_id": claim_id,
+        "event_type": "CLAIM",
+        "claim_id": claim_id,
+        "statement": statement,
+        "tier": "task",
+        "provenance": provenance,
+    }
+
+
 def _inputs() -> list[bytes]:
     largest = SETTINGS.max_event_bytes
+    # A trace keeps its first SYNTHESIS_MAX_CLAIMS claims; a later one, however large, reaches stage 3
+    # without growing the trace state, so the claim graph stores it.
+    other_claims = [
+        orjson.dumps({**_claim(f"c{i}"), "trace_id": "many"}) for i in range(SETTINGS.synthesis_max_claims)
+    ]
+    late_claim = _padded({**_claim("late"), "trace_id": "many"}, "statement", largest)
     response = {**BASE, "event_type": "LLM_RESPONSE", "request_id": "r", "model": "m", "endpoint": "/v1"}
     # A well supported answer (allowed, not blocked): its RESPONSE_SCORED carries the whole text.
     supported = {**EXAMPLE, **BASE, "event_id": "plain", "token_logprobs": None}
@@ -57,25 +77,23 @@ def _inputs() -> list[bytes]:
         _padded(
             {**BASE, "event_id": "tool", "event_type": "TOOL_INVOCATION", "tool": "read"}, "target", largest
         ),
-        _padded(
-            {
-                **BASE,
-                "event_id": "claim",
-                "event_type": "CLAIM",
-                "claim_id": "c",
-                "tier": "task",
-                "provenance": [{"source_type": "agent", "confidence": 0.8}],
-            },
-            "statement",
-            largest,
-        ),
+        _padded(_claim("claim"), "statement", largest),
+        *other_claims,
+        late_claim,
         b"{" + b"x" * (largest - 1),  # not JSON, at the limit: dead-lettered whole
         _padded({**response, "event_id": "over"}, "response", KAFKA_DEFAULT_LIMIT),  # over the limit
     ]
 
 
+def _encoded(write: Any) -> bytes:
+    """A stage's table write as its changelog record's value (b"" for a delete)."""
+    value = getattr(write, "node", None) or getattr(write, "value", write)
+    return b"" if value is None else value.model_dump_json().encode()
+
+
 def _all_records(inputs: list[bytes]) -> list[Record]:
-    """Every record the four stages send for `inputs`, internal hops followed to the end."""
+    """Every record the four stages send for `inputs`, internal hops followed to the end, and every
+    table value they write (as a record of the table's changelog)."""
     configs, registry = scoring_configs(SETTINGS), metrics.create(CollectorRegistry())
     stages: dict[str, Callable[[list[InputRecord]], tuple[list[Record], Any]]] = {
         SETTINGS.responses_topic: lambda r: AgentStage(SETTINGS, configs, registry).process(
@@ -87,8 +105,8 @@ def _all_records(inputs: list[bytes]) -> list[Record]:
         ),
     }
     batch = [InputRecord("agent-events", 0, i, 1.0, value) for i, value in enumerate(inputs)]
-    sent, _ = TraceStage(SETTINGS, configs, registry).process(batch, lambda _: None)
-    everything = list(sent)
+    sent, traces = TraceStage(SETTINGS, configs, registry).process(batch, lambda _: None)
+    everything = [*sent, *(Record("traces-changelog", k, _encoded(v)) for k, v in traces.items())]
     while sent:
         waiting: dict[str, list[InputRecord]] = defaultdict(list)
         for record in sent:
@@ -97,7 +115,9 @@ def _all_records(inputs: list[bytes]) -> list[Record]:
         sent = []
         for topic, records in waiting.items():
             unbundled = [one for record in records for one in unbundle(record)]
-            sent += stages[topic](unbundled)[0]
+            out, writes = stages[topic](unbundled)
+            sent += out
+            everything += [Record(f"{topic}-changelog", k, _encoded(v)) for k, v in writes.items()]
         everything += sent
     return everything
 
@@ -112,6 +132,7 @@ def test_the_largest_inputs_make_no_record_over_kafkas_default_limit() -> None:
     scored = [orjson.loads(r.value) for r in records if r.topic == SETTINGS.scored_topic]
     plain = next(o for o in scored if o["source_event_id"] == "plain")
     assert len(plain["response"]) > 0.99 * SETTINGS.max_event_bytes  # the text did travel to the output
+    assert any(o["event_type"] == "CLAIM_SCORED" and o["claim_id"] == "late" for o in scored)
     largest = max(records, key=_size)
     assert _size(largest) <= KAFKA_DEFAULT_LIMIT, f"{_size(largest)} bytes to {largest.topic}"
     assert _size(largest) > 0.9 * SETTINGS.max_event_bytes  # the inputs did make large records
