@@ -47,14 +47,14 @@ def _padded(event: dict[str, Any], field: str, size: int) -> bytes:
     return raw
 
 
-def _claim(claim_id: str, statement: str = "s") -> dict[str, Any]:
+def _claim(claim_id: str) -> dict[str, Any]:
     provenance = [{"source_type": "agent", "confidence": 0.8}]
     return {
         **BASE,
         "event_id": claim_id,
         "event_type": "CLAIM",
         "claim_id": claim_id,
-        "statement": statement,
+        "statement": "s",
         "tier": "task",
         "provenance": provenance,
     }
