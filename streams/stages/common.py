@@ -214,15 +214,10 @@ class Outputs:
         mark, calibration_mark, metered_mark = len(self.records), len(self.calibration), len(self.metered)
         try:
             handle(record)
+            return
         except Rejected as rejected:  # like a decode failure: the DLQ headers and a metric tell, no log
-            del self.records[mark:]
-            del self.calibration[calibration_mark:]
-            del self.metered[metered_mark:]
-            self.dead_letter(rejected.letter, record)
+            letter = rejected.letter
         except Exception as exc:
-            del self.records[mark:]
-            del self.calibration[calibration_mark:]
-            del self.metered[metered_mark:]
             log.error(
                 "dead-lettering %s[%d]@%d in the %s: %s",
                 record.topic,
@@ -231,7 +226,11 @@ class Outputs:
                 stage,
                 type(exc).__name__,
             )
-            self.dead_letter(processing_error(record, exc, stage), record)
+            letter = processing_error(record, exc, stage)
+        del self.records[mark:]
+        del self.calibration[calibration_mark:]
+        del self.metered[metered_mark:]
+        self.dead_letter(letter, record)
 
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)
@@ -239,7 +238,7 @@ class Outputs:
         self.records.append(Record(self.settings.scored_topic, key, value))
         if flagged:
             self.records.append(Record(self.settings.flagged_topic, key, value))
-        self.metered.append(functools.partial(self._count_output, str(output["event_type"]), received_at))
+        self.meter(functools.partial(self._count_output, str(output["event_type"]), received_at))
 
     def _count_output(self, event_type: str, received_at: float) -> None:
         m = self.metrics
