@@ -66,7 +66,7 @@ def _trace(size: int, stage: TraceStage) -> TraceState:
         applied=tuple(f"tool-{i}" for i in range(size)),
     )
     evidence = evidence.model_copy(update={"matched": _all_matches(evidence)})  # as `update` keeps it
-    # One real TRACE_SCORED output, remembered once per earlier input (ids aside, they look alike).
+    # One real TRACE_SCORED output: the template of each earlier input's (its ids and score varied below).
     out, _ = stage.process(
         [InputRecord("in", 0, 0, 1.0, orjson.dumps(_tool(0, "read", targets[0])))], lambda _: None
     )
