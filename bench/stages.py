@@ -109,7 +109,7 @@ class _Pipeline:
                 )
                 _write(self.histories, history)
             elif stage == STAGES[2]:
-                records, nodes = self.claims.process(batch, self.claim_nodes.load)
+                records, nodes = self.claims.process(batch, self.claim_nodes.load, self.claim_nodes)
                 for key, write in nodes.items():
                     self.claim_nodes.table[key] = self.claim_nodes.encode(key, write.node)  # type: ignore[index]
             else:

@@ -490,7 +490,7 @@ def attach_agents(svc: Service) -> None:
     @app.agent(svc.claims_topic, name="score-claims")
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
         await claim_runner.run(
-            stream, lambda records: svc.claim_stage.process(records, claims.load), write_claim
+            stream, lambda records: svc.claim_stage.process(records, claims.load, claims), write_claim
         )
 
     @app.agent(svc.calibration_topic, name="calibrate")

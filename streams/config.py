@@ -134,6 +134,15 @@ class Settings(BaseSettings):
         "(reason trace_state_full).",
     )
     claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
+    # A claim's node keeps an entry per claim that supports, contradicts or derives from it, and is one
+    # changelog record too. The default leaves room below Apache Kafka's 1,048,588 bytes for a record's
+    # framing and for the node of a claim as large as MAX_EVENT_BYTES allows.
+    claim_node_max_bytes: int = Field(
+        1_040_000,
+        ge=16_384,
+        description="An input that would make a claim's table record (key and encoded node) larger than "
+        "this is dead-lettered (reason claim_node_full).",
+    )
     sweep_interval_seconds: float = Field(60.0, gt=0)
     event_time_max_ahead_hours: float = Field(
         1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."

@@ -29,6 +29,7 @@ Reason = Literal[
     "oversized_array",
     "processing_error",
     "trace_state_full",
+    "claim_node_full",
 ]
 
 LOGPROBS_KEY = "token_logprobs"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import orjson
 
 from streams.config import ScoringConfigs, Settings
+from streams.dlq import DeadLetter
 from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
@@ -17,8 +18,11 @@ from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import (
     ExpiryClock,
     InputRecord,
+    MeasuredSizes,
     Outputs,
     Record,
+    Rejected,
+    StateSizes,
     is_flagged,
     now,
     tenant_partition,
@@ -51,6 +55,20 @@ class ClaimWrite:
     partition: int
 
 
+@dataclass
+class _Batch:
+    """One batch's view of the claims table: nodes changed so far and an upper bound of their size."""
+
+    load: Callable[[bytes], claim_graph.ClaimNode | None]
+    sizes: StateSizes[claim_graph.ClaimNode]
+    dirty: dict[bytes, ClaimWrite] = field(default_factory=dict)
+    size_bound: dict[bytes, int] = field(default_factory=dict)  # key and encoded node, bytes at most
+
+    def node(self, key: bytes) -> claim_graph.ClaimNode | None:
+        write = self.dirty.get(key)
+        return write.node if write is not None else self.load(key)
+
+
 class ClaimStage:
     """Stage 3: the claim graph of each tenant, processed in sequence (DESIGN 4b "Streaming")."""
 
@@ -61,38 +79,65 @@ class ClaimStage:
         self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
 
     def process(
-        self, records: list[InputRecord], load: Callable[[bytes], claim_graph.ClaimNode | None]
+        self,
+        records: list[InputRecord],
+        load: Callable[[bytes], claim_graph.ClaimNode | None],
+        sizes: StateSizes[claim_graph.ClaimNode] | None = None,
     ) -> tuple[list[Record], dict[bytes, ClaimWrite]]:
         """Process a batch in order; return records to send and the claim nodes to write (once each)."""
         out = Outputs(self.settings, self.metrics)
-        dirty: dict[bytes, ClaimWrite] = {}
+        batch = _Batch(load, sizes or MeasuredSizes(load))
         for record in records:
-            out.guarded(record, "claim stage", lambda r: self._one(r, load, dirty, out))
+            out.guarded(record, "claim stage", lambda r: self._one(r, batch, out))
         out.settle()
-        return [*out.records, *calibration_records(self.settings, out)], dirty
+        return [*out.records, *calibration_records(self.settings, out)], batch.dirty
 
-    def _one(
-        self,
-        record: InputRecord,
-        load: Callable[[bytes], claim_graph.ClaimNode | None],
-        dirty: dict[bytes, ClaimWrite],
-        out: Outputs,
-    ) -> None:
+    def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         message = ClaimMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
-
-        def load_claim(claim_id: str) -> claim_graph.ClaimNode | None:
-            key = table_key(tenant, claim_id)
-            write = dirty.get(key)
-            return write.node if write is not None else load(key)
-
-        update = claim_graph.apply_claim(load_claim, message.arrived, self.configs.claims)
-        for claim_id, node in update.nodes.items():
-            dirty[table_key(tenant, claim_id)] = ClaimWrite(node, record.partition)
+        update = claim_graph.apply_claim(
+            lambda claim_id: batch.node(table_key(tenant, claim_id)), message.arrived, self.configs.claims
+        )
+        writes = {table_key(tenant, claim_id): node for claim_id, node in update.nodes.items()}
+        # Every node is checked before any is kept: a refused input changes no node at all.
+        bounds = {key: self._checked_size(key, node, record, batch) for key, node in writes.items()}
+        for key, node in writes.items():
+            batch.dirty[key] = ClaimWrite(node, record.partition)
+        batch.size_bound.update(bounds)
         event_time = message.arrived.event_time
         self.clock.saw(record.partition, event_time, source=message.source_partition)
         for score in update.scores:
             self._emit(tenant, score, message.received_at, record.partition, out)
+
+    def _checked_size(
+        self, key: bytes, node: claim_graph.ClaimNode, record: InputRecord, batch: _Batch
+    ) -> int:
+        """An upper bound of the node's record size (key and value), exact (one encode) near the limit.
+
+        Raises `Rejected` when it would exceed `CLAIM_NODE_MAX_BYTES`: a table value is one changelog
+        record, and a broker refuses records over its limit, which would stop the worker on this tenant
+        after every restart. Until the bound reaches a quarter of the limit no encode is needed: one
+        input adds at most its own bytes to a neighbour (its id and edges) and twice them to its own
+        node (its definition and the score it remembers), plus 4 KB.
+        """
+        limit = self.settings.claim_node_max_bytes
+        if key not in batch.size_bound:
+            batch.size_bound[key] = len(key) + batch.sizes.stored_bytes(key)
+        bound = batch.size_bound[key] + 2 * len(record.value or b"") + 4096
+        if bound <= limit // 4:
+            return bound
+        size = len(key) + batch.sizes.measure(key, node)
+        if size > limit:
+            raise Rejected(
+                DeadLetter(
+                    record.value or b"",
+                    "claim_node_full",
+                    "ClaimNodeFull",
+                    f"a claim's table record would be {size} bytes, over CLAIM_NODE_MAX_BYTES ({limit}): "
+                    "the input was not applied",
+                )
+            )
+        return size
 
     def _emit(
         self, tenant: str, score: claim_graph.ClaimScore, received_at: float, partition: int, out: Outputs

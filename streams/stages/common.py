@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Generic, Protocol, TypeVar
 
 import orjson
 from aiokafka.partitioner import murmur2
+from pydantic import BaseModel
 
 from streams.config import Settings
 from streams.dlq import DeadLetter, connect_headers, strip_logprobs
@@ -21,9 +23,11 @@ from streams.state import CalibrationItem
 __all__ = [
     "ExpiryClock",
     "InputRecord",
+    "MeasuredSizes",
     "Outputs",
     "Record",
     "Rejected",
+    "StateSizes",
     "bundle",
     "is_flagged",
     "key_partition",
@@ -246,8 +250,38 @@ class Outputs:
         m.child(m.processing_latency, event_type).observe(max(0.0, time.time() - received_at))
 
 
+Value = TypeVar("Value", bound=BaseModel)
+Measured = TypeVar("Measured", bound=BaseModel, contravariant=True)
+
+
+class StateSizes(Protocol[Measured]):
+    """Encoded sizes of table values, as the table stores them (agents.DecodedStates)."""
+
+    def stored_bytes(self, key: bytes) -> int:
+        """Size of the value the table holds for `key`; 0 if none."""
+        ...
+
+    def measure(self, key: bytes, value: Measured) -> int:
+        """Size of `value` encoded (an implementation may keep the encoding for the write)."""
+        ...
+
+
+class MeasuredSizes(Generic[Value]):
+    """`StateSizes` for callers without a table (tests, benchmarks): values are encoded to be measured."""
+
+    def __init__(self, load: Callable[[bytes], Value | None]) -> None:
+        self.load = load
+
+    def stored_bytes(self, key: bytes) -> int:
+        value = self.load(key)
+        return 0 if value is None else self.measure(key, value)
+
+    def measure(self, key: bytes, value: Value) -> int:
+        return len(value.model_dump_json().encode())
+
+
 class Rejected(Exception):
-    """A valid record a stage cannot take (its trace's state is full): dead-lettered with this letter."""
+    """A valid record a stage cannot take (a table value would pass its bound): dead-lettered with this letter."""
 
     def __init__(self, letter: DeadLetter) -> None:
         super().__init__(letter.message)

@@ -6,7 +6,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
@@ -27,9 +26,11 @@ from streams.stages.claims import claim_message
 from streams.stages.common import (
     ExpiryClock,
     InputRecord,
+    MeasuredSizes,
     Outputs,
     Record,
     Rejected,
+    StateSizes,
     is_flagged,
     key_partition,
     now,
@@ -47,35 +48,9 @@ from streams.state import (
     table_key,
 )
 
-__all__ = ["StateSizes", "TraceStage", "claim_definition"]
+__all__ = ["TraceStage", "claim_definition"]
 
 StateChanges = dict[str, object]  # TraceState fields an input changes, applied in one copy
-
-
-class StateSizes(Protocol):
-    """Encoded sizes of trace states, as the table stores them (agents.DecodedStates)."""
-
-    def stored_bytes(self, key: bytes) -> int:
-        """Size of the value the table holds for `key`; 0 if none."""
-        ...
-
-    def measure(self, key: bytes, state: TraceState) -> int:
-        """Size of `state` encoded (an implementation may keep the encoding for the write)."""
-        ...
-
-
-class MeasuredSizes:
-    """`StateSizes` for callers without a table (tests, benchmarks): states are encoded to be measured."""
-
-    def __init__(self, load: Callable[[bytes], TraceState | None]) -> None:
-        self.load = load
-
-    def stored_bytes(self, key: bytes) -> int:
-        state = self.load(key)
-        return 0 if state is None else self.measure(key, state)
-
-    def measure(self, key: bytes, state: TraceState) -> int:
-        return len(state.model_dump_json().encode())
 
 
 @dataclass
@@ -83,7 +58,7 @@ class _Batch:
     """One batch's view of the trace table: states changed so far and an upper bound of their size."""
 
     load: Callable[[bytes], TraceState | None]
-    sizes: StateSizes
+    sizes: StateSizes[TraceState]
     dirty: dict[bytes, TraceState] = field(default_factory=dict)
     size_bound: dict[bytes, int] = field(default_factory=dict)  # encoded bytes, at most
 
@@ -101,7 +76,7 @@ class TraceStage:
         self,
         records: list[InputRecord],
         load: Callable[[bytes], TraceState | None],
-        sizes: StateSizes | None = None,
+        sizes: StateSizes[TraceState] | None = None,
     ) -> tuple[list[Record], dict[bytes, TraceState]]:
         """Process a batch in order; return records to send and the trace states to write (once each)."""
         out = Outputs(self.settings, self.metrics)
