@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from bench.calibration import main as calibration_main
+from bench.claim_hub import main as claim_hub_main
 from bench.claims import main as claims_main
 from bench.history import main as history_main
 from bench.pipeline import main as pipeline_main
@@ -15,6 +16,7 @@ from bench.trace_size import main as trace_size_main
 if __name__ == "__main__":
     scoring_main()
     claims_main()
+    claim_hub_main()
     history_main()
     trace_size_main()
     calibration_main()

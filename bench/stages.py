@@ -24,7 +24,7 @@ from rich.table import Table
 from bench.mix import Mix, build_mix
 from bench.pipeline import MIX_EVENTS, MIX_TRACES
 from streams import metrics
-from streams.agents import DecodedStates
+from streams.agents import ClaimFacts, DecodedStates
 from streams.cli import tune_gc
 from streams.config import Settings, load_settings, scoring_configs
 from streams.decode import decode
@@ -56,6 +56,7 @@ class _Pipeline:
             "hours": DecodedStates({}, HistoryHour),  # type: ignore[arg-type]
         }
         self.claim_nodes: DecodedStates[ClaimNode] = DecodedStates({}, ClaimNode)  # type: ignore[arg-type]
+        self.claim_facts = ClaimFacts(self.claim_nodes, configs.claims)
         self.scores: dict[str, DecodedStates[Any]] = {
             "subjects": DecodedStates({}, SubjectEntry, max_entries=64),  # type: ignore[arg-type]
             "groups": DecodedStates({}, GroupCalibration),  # type: ignore[arg-type]
@@ -109,7 +110,9 @@ class _Pipeline:
                 )
                 _write(self.histories, history)
             elif stage == STAGES[2]:
-                records, nodes = self.claims.process(batch, self.claim_nodes.load, self.claim_nodes)
+                records, nodes = self.claims.process(
+                    batch, self.claim_nodes.load, self.claim_nodes, self.claim_facts.get
+                )
                 for key, write in nodes.items():
                     self.claim_nodes.table[key] = self.claim_nodes.encode(key, write.node)  # type: ignore[index]
             else:

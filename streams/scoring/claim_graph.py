@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,10 +44,13 @@ __all__ = [
     "ClaimScore",
     "ClaimUpdate",
     "Edge",
+    "FactsLoader",
     "Loader",
+    "NeighbourFacts",
     "Relationship",
     "apply_claim",
     "interval_of",
+    "neighbour_facts",
 ]
 
 SELF = "self"
@@ -124,14 +127,35 @@ class ClaimUpdate(BaseModel):
     scores: tuple[ClaimScore, ...] = ()
 
 
+class NeighbourFacts(NamedTuple):
+    """What a neighbour's score takes from a claim: the inputs of its steps 1-2 upper bound."""
+
+    aggregate_upper: float
+    staleness_at: datetime | None
+    tier: Tier
+
+
+def neighbour_facts(node: ClaimNode | None, cfg: ClaimsConfig) -> NeighbourFacts | None:
+    """The claim's `NeighbourFacts`; None for a claim that has not arrived (it counts for no one)."""
+    if node is None or node.definition is None:
+        return None
+    definition = node.definition
+    return NeighbourFacts(aggregate(definition.provenance, cfg)[1], definition.staleness_at, definition.tier)
+
+
 Loader = Callable[[str], ClaimNode | None]
+# Must answer what `neighbour_facts(load(claim_id))` would: a caller may keep these for far more claims
+# than whole nodes, because a claim's score reads every claim that supports or contradicts it.
+FactsLoader = Callable[[str], NeighbourFacts | None]
 
 
 class _Graph:
     """The nodes this input reads and writes: loaded once each, changed copies kept apart."""
 
-    def __init__(self, load: Loader) -> None:
+    def __init__(self, load: Loader, cfg: ClaimsConfig, facts: FactsLoader | None = None) -> None:
         self._load = load
+        self._cfg = cfg
+        self._facts = facts
         self._seen: dict[str, ClaimNode | None] = {}
         self.changed: dict[str, ClaimNode] = {}
 
@@ -148,6 +172,12 @@ class _Graph:
 
     def put(self, claim_id: str, node: ClaimNode) -> None:
         self.changed[claim_id] = node
+
+    def facts(self, claim_id: str) -> NeighbourFacts | None:
+        """A neighbour's facts, from its node when this input holds it, else from the facts loader."""
+        if self._facts is None or claim_id in self.changed or claim_id in self._seen:
+            return neighbour_facts(self.get(claim_id), self._cfg)
+        return self._facts(claim_id)
 
 
 def _edges_by_target(definition: ClaimDefinition | None) -> dict[str, tuple[Edge, ...]]:
@@ -166,10 +196,9 @@ def _constituents(definition: ClaimDefinition | None) -> set[str]:
     return set(definition.derived_from) - {definition.claim_id}
 
 
-def _stale_upper(definition: ClaimDefinition, as_of: datetime, cfg: ClaimsConfig) -> float:
+def _stale_upper(facts: NeighbourFacts, as_of: datetime, cfg: ClaimsConfig) -> float:
     """A neighbour's contribution: its steps 1-2 upper bound (also for a derived neighbour)."""
-    _, upper, _ = aggregate(definition.provenance, cfg)
-    return upper * staleness_factor(definition.staleness_at, as_of, definition.tier, cfg)
+    return facts.aggregate_upper * staleness_factor(facts.staleness_at, as_of, facts.tier, cfg)
 
 
 def _interval(
@@ -216,8 +245,8 @@ def _interval(
                     strongest[target] = max(strength, strongest.get(target, 0.0))
 
         def upper_of(peer: str) -> float | None:
-            peer_definition = graph.definition(peer)
-            return None if peer_definition is None else _stale_upper(peer_definition, as_of, cfg)
+            facts = graph.facts(peer)
+            return None if facts is None else _stale_upper(facts, as_of, cfg)
 
         # Sorted by peer id, so the sums add up in the same order on every run.
         support_terms = [
@@ -246,7 +275,7 @@ def _interval(
 
 def interval_of(load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig) -> ClaimInterval:
     """The claim's interval at `as_of` over the graph `load` reads (the HTTP view uses the wall clock)."""
-    graph = _Graph(load)
+    graph = _Graph(load, cfg)
     if graph.definition(claim_id) is None:
         raise KeyError(claim_id)
     return _interval(graph, claim_id, as_of, cfg, {})[0]
@@ -305,13 +334,16 @@ def _bounded(items: dict[str, ClaimScore], limit: int) -> dict[str, ClaimScore]:
     return items if len(items) <= limit else dict(list(items.items())[-limit:])
 
 
-def apply_claim(load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig) -> ClaimUpdate:
+def apply_claim(
+    load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig, facts: FactsLoader | None = None
+) -> ClaimUpdate:
     """Apply claim X to the graph: X's interval and every dependent's, all as of X's event time.
 
     A re-delivered input (its event id already applied to X) returns X's remembered score and no
-    node changes (DESIGN 4b: a re-delivered CLAIM re-emits its own CLAIM_SCORED only).
+    node changes (DESIGN 4b: a re-delivered CLAIM re-emits its own CLAIM_SCORED only). `facts`, if
+    given, answers for neighbours this input does not otherwise load.
     """
-    graph = _Graph(load)
+    graph = _Graph(load, cfg, facts)
     new = arrived.definition
     me, when = new.claim_id, arrived.event_time
     current = graph.get(me)

@@ -14,6 +14,7 @@ from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
+from streams.scoring.claims import ClaimsConfig
 from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import (
     ExpiryClock,
@@ -61,12 +62,20 @@ class _Batch:
 
     load: Callable[[bytes], claim_graph.ClaimNode | None]
     sizes: StateSizes[claim_graph.ClaimNode]
+    stored_facts: Callable[[bytes], claim_graph.NeighbourFacts | None]
+    cfg: ClaimsConfig
     dirty: dict[bytes, ClaimWrite] = field(default_factory=dict)
     size_bound: dict[bytes, int] = field(default_factory=dict)  # key and encoded node, bytes at most
 
     def node(self, key: bytes) -> claim_graph.ClaimNode | None:
         write = self.dirty.get(key)
         return write.node if write is not None else self.load(key)
+
+    def facts(self, key: bytes) -> claim_graph.NeighbourFacts | None:
+        write = self.dirty.get(key)
+        if write is not None:
+            return claim_graph.neighbour_facts(write.node, self.cfg)
+        return self.stored_facts(key)
 
 
 class ClaimStage:
@@ -83,10 +92,20 @@ class ClaimStage:
         records: list[InputRecord],
         load: Callable[[bytes], claim_graph.ClaimNode | None],
         sizes: StateSizes[claim_graph.ClaimNode] | None = None,
+        facts: Callable[[bytes], claim_graph.NeighbourFacts | None] | None = None,
     ) -> tuple[list[Record], dict[bytes, ClaimWrite]]:
-        """Process a batch in order; return records to send and the claim nodes to write (once each)."""
+        """Process a batch in order; return records to send and the claim nodes to write (once each).
+
+        `facts` answers `neighbour_facts` of a stored node (agents.ClaimFacts keeps them for many claims).
+        """
         out = Outputs(self.settings, self.metrics)
-        batch = _Batch(load, sizes or MeasuredSizes(load))
+        cfg = self.configs.claims
+        batch = _Batch(
+            load,
+            sizes or MeasuredSizes(load),
+            facts or (lambda key: claim_graph.neighbour_facts(load(key), cfg)),
+            cfg,
+        )
         for record in records:
             out.guarded(record, "claim stage", lambda r: self._one(r, batch, out))
         out.settle()
@@ -96,7 +115,10 @@ class ClaimStage:
         message = ClaimMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
         update = claim_graph.apply_claim(
-            lambda claim_id: batch.node(table_key(tenant, claim_id)), message.arrived, self.configs.claims
+            lambda claim_id: batch.node(table_key(tenant, claim_id)),
+            message.arrived,
+            self.configs.claims,
+            lambda claim_id: batch.facts(table_key(tenant, claim_id)),
         )
         writes = {table_key(tenant, claim_id): node for claim_id, node in update.nodes.items()}
         # Every node is checked before any is kept: a refused input changes no node at all.

@@ -14,12 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
-from streams.agents import DecodedStates
+from streams.agents import ClaimFacts, DecodedStates
 from streams.config import load_settings, scoring_configs
 from streams.events import ClaimEvent
 from streams.scoring.claim_graph import ClaimArrived, ClaimNode
@@ -57,12 +58,14 @@ def _supports(target: str, strength: float = 0.5) -> dict[str, Any]:
 class _Worker:
     """The claim stage over an in-memory table that holds encoded values, as the worker's table does."""
 
-    def __init__(self, limit: int = LIMIT) -> None:
+    def __init__(self, limit: int = LIMIT, facts: bool = True) -> None:
         self.settings = load_settings(claim_node_max_bytes=limit)
         self.registry = CollectorRegistry()
         self.stage = ClaimStage(self.settings, scoring_configs(self.settings), metrics.create(self.registry))
         self.table: dict[bytes, bytes] = {}
         self.nodes: DecodedStates[ClaimNode] = DecodedStates(self.table, ClaimNode)  # type: ignore[arg-type]
+        # As the worker does: neighbours' facts from a cache (False: from their decoded nodes).
+        self.facts = ClaimFacts(self.nodes, self.stage.configs.claims, max_entries=8) if facts else None
         self.largest_record = 0  # key and value
 
     def message(self, offset: int, event: dict[str, Any]) -> InputRecord:
@@ -84,7 +87,8 @@ class _Worker:
             batch, start = records[start : start + size], start + size
             if not batch:
                 continue
-            out, written = self.stage.process(batch, self.nodes.load, self.nodes)
+            facts = self.facts.get if self.facts is not None else None
+            out, written = self.stage.process(batch, self.nodes.load, self.nodes, facts)
             for key, write in written.items():
                 self.table[key] = self.nodes.encode(key, write.node)
                 self.largest_record = max(self.largest_record, len(key) + len(self.table[key]))
@@ -100,6 +104,15 @@ class _Worker:
 
 def _scored(records: list[Record]) -> list[dict[str, Any]]:
     return [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+
+
+def _outputs(records: list[Record]) -> list[tuple[str, bytes]]:
+    """Scored and flagged records, without `scored_at` (processing time)."""
+    return [
+        (r.topic, orjson.dumps({k: v for k, v in orjson.loads(r.value).items() if k != "scored_at"}))
+        for r in records
+        if r.topic in ("scored-events", "flagged-events")
+    ]
 
 
 def _dead(records: list[Record]) -> list[tuple[int, bytes]]:
@@ -177,8 +190,8 @@ def test_a_derived_claim_is_refused_when_its_constituents_index_is_full() -> Non
 
 @st.composite
 def _inputs(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[int]]:
-    """Claims over few ids (replaced, supported, contradicted, derived), statements of any size, long
-    ids that point at a few hubs; then a split into batches."""
+    """Claims over few ids (replaced, supported, contradicted, derived, with other provenance, tier and
+    staleness), statements of any size, long ids that point at a few hubs; then a split into batches."""
     ids = ["a", "b", "c", "d", "hub"]
     events = []
     for n in range(draw(st.integers(20, 120))):
@@ -201,8 +214,19 @@ def _inputs(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[int]]:
         ]
         derived = draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))
         statement = "word " * draw(st.integers(0, 800))
+        stale_hours = draw(st.none() | st.integers(-2, 2))
+        staleness_at = None if stale_hours is None else (T0 + timedelta(hours=stale_hours)).isoformat()
         events.append(
-            _claim(n, claim_id, relationships=relationships, derived_from=derived, statement=statement or "s")
+            _claim(
+                n,
+                claim_id,
+                relationships=relationships,
+                derived_from=derived,
+                statement=statement or "s",
+                provenance=[{"source_type": "agent", "confidence": draw(st.sampled_from([0.3, 0.6, 0.9]))}],
+                tier=draw(st.sampled_from(["ephemeral", "task"])),
+                staleness_at=staleness_at,
+            )
         )
     batches = draw(st.lists(st.integers(1, 40), max_size=20))
     return events, batches
@@ -218,14 +242,7 @@ def test_the_bound_holds_and_decides_the_same_whatever_the_batches(
     alone = one_by_one.run(events, [1] * len(events))
     together = batched.run(events, batches)
 
-    def outputs(records: list[Record]) -> list[tuple[str, bytes]]:
-        return [
-            (r.topic, orjson.dumps({k: v for k, v in orjson.loads(r.value).items() if k != "scored_at"}))
-            for r in records
-            if r.topic in ("scored-events", "flagged-events")
-        ]
-
-    assert outputs(together) == outputs(alone)
+    assert _outputs(together) == _outputs(alone)
     assert _dead(together) == _dead(alone)
     assert one_by_one.table == batched.table
     assert max(one_by_one.largest_record, batched.largest_record) <= LIMIT
@@ -243,9 +260,49 @@ def test_the_size_estimate_of_each_input_is_an_upper_bound(
     events, _ = case
     w = _Worker(limit=64_000_000)
     for offset, event in enumerate(events):
-        batch, out = _Batch(w.nodes.load, w.nodes), Outputs(w.settings, w.stage.metrics)
+        assert w.facts is not None
+        batch = _Batch(w.nodes.load, w.nodes, w.facts.get, w.stage.configs.claims)
+        out = Outputs(w.settings, w.stage.metrics)
         out.guarded(w.message(offset, event), "test", functools.partial(w.stage._one, batch=batch, out=out))
         assert not _dead(out.records)
         for key, write in batch.dirty.items():
             w.table[key] = w.nodes.encode(key, write.node)
             assert len(key) + len(w.table[key]) <= batch.size_bound[key], f"input {offset}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_inputs())
+def test_cached_neighbour_facts_score_as_the_nodes_do(case: tuple[list[dict[str, Any]], list[int]]) -> None:
+    """The worker reads neighbours' facts from `ClaimFacts` (a small cache here, so entries are evicted
+    and read again); a claim replaced with another provenance, tier or staleness must be read anew."""
+    events, batches = case
+    cached, decoded = _Worker(facts=True), _Worker(facts=False)
+    with_cache, without = cached.run(events, batches), decoded.run(events, batches)
+    assert _outputs(with_cache) == _outputs(without)
+    assert _dead(with_cache) == _dead(without)
+    assert cached.table == decoded.table
+
+
+def test_a_replaced_supporter_counts_with_its_new_provenance() -> None:
+    """The case a stale cache gets wrong: P's facts are read (and kept) when T is scored for Q, then P
+    is replaced with another provenance, then T is scored again for R."""
+    events = [
+        _claim(0, "T"),
+        _claim(1, "P", relationships=[_supports("T")]),
+        _claim(2, "Q", relationships=[_supports("T")]),
+        _claim(
+            3, "P", relationships=[_supports("T")], provenance=[{"source_type": "user", "confidence": 0.2}]
+        ),
+        _claim(4, "R", relationships=[_supports("T")]),
+    ]
+    cached, decoded = _Worker(facts=True), _Worker(facts=False)
+    with_cache, without = cached.run(events, [1] * 5), decoded.run(events, [1] * 5)
+    assert _outputs(with_cache) == _outputs(without)
+    boosts = {
+        o["source_event_id"]: o["interval"]["factors"]["support_boost"]
+        for o in _scored(with_cache)
+        if o["claim_id"] == "T"
+    }
+    # Boost 1 + 0.1 x sum(upper x strength 0.5): P's upper is 0.8, then 0.2; Q's and R's 0.8.
+    assert boosts["e2"] == pytest.approx(1 + 0.1 * 0.5 * (0.8 + 0.8))
+    assert boosts["e4"] == pytest.approx(1 + 0.1 * 0.5 * (0.2 + 0.8 + 0.8))
