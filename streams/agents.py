@@ -226,7 +226,7 @@ class ClaimFacts:
     A claim's score reads every claim that supports or contradicts it, so a new supporter of a claim
     with n supporters reads n nodes. Decoding them (the node cache holds 1,024) cost 85 ms per input at
     2,000 supporters; a facts tuple is small, and is computed again only when its node's bytes change
-    (the same identity check as `DecodedStates`).
+    (the same identity check as `DecodedStates`; the worker also drops an entry when it writes the node).
     """
 
     def __init__(self, nodes: DecodedStates[ClaimNode], cfg: ClaimsConfig, max_entries: int = 32_768) -> None:
@@ -481,6 +481,7 @@ def attach_agents(svc: Service) -> None:
 
     def write_claim(key: bytes, write: ClaimWrite) -> None:
         svc.claims.set_from(key, claims.encode(key, write.node), write.partition)
+        claim_facts.forget(key)  # its entry would hold the replaced bytes until read again
 
     def load_calibration(table: Table, key: bytes) -> BaseModel | None:
         return calibration_states[table].load(key)
