@@ -12,7 +12,8 @@ import orjson
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, collect
 from tests.integration.fixtures import EventFactory, deploy
-from tests.unit.test_claim_node_bound import _dead, _scored, _Worker
+from tests.unit import stage_records
+from tests.unit.test_claim_node_bound import _Worker
 
 NODE_LIMIT = 16_384
 CLAIMS = 600
@@ -33,8 +34,8 @@ def test_a_claim_at_its_node_bound_dead_letters_its_new_supporters_across_a_rest
 
     offline = _Worker(NODE_LIMIT)
     records = offline.run(events, [1] * len(events))
-    refused = {events[offset]["event_id"] for offset, _ in _dead(records)}
-    accepted = {o["source_event_id"] for o in _scored(records)}
+    refused = {events[offset]["event_id"] for offset, _ in stage_records.dead(records)}
+    accepted = {o["source_event_id"] for o in stage_records.scored(records)}
     assert refused and accepted and not refused & accepted
     assert all("relationships" in e for e in events if e["event_id"] in refused)
 

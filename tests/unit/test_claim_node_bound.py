@@ -28,6 +28,7 @@ from streams.stages import ClaimStage, InputRecord, Record
 from streams.stages.claims import _Batch, claim_message
 from streams.stages.common import Outputs
 from streams.stages.trace import claim_definition
+from tests.unit import stage_records
 
 LIMIT = 16_384  # the smallest bound the settings accept
 T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
@@ -102,29 +103,6 @@ class _Worker:
         return self.registry.get_sample_value(name, labels) or 0.0
 
 
-def _scored(records: list[Record]) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
-
-
-def _outputs(records: list[Record]) -> list[tuple[str, bytes]]:
-    """Scored and flagged records, without `scored_at` (processing time)."""
-    return [
-        (r.topic, orjson.dumps({k: v for k, v in orjson.loads(r.value).items() if k != "scored_at"}))
-        for r in records
-        if r.topic in ("scored-events", "flagged-events")
-    ]
-
-
-def _dead(records: list[Record]) -> list[tuple[int, bytes]]:
-    """(input offset, reason) of each dead letter."""
-    letters = []
-    for r in records:
-        if r.topic == "agent-events-dlq":
-            headers = dict(r.headers or [])
-            letters.append((int(headers["__connect.errors.offset"]), headers["__connect.errors.reason"]))
-    return letters
-
-
 def test_a_claim_at_the_bound_refuses_what_would_grow_it_and_nothing_else() -> None:
     w = _Worker()
     events = [_claim(0, "hub")]
@@ -133,7 +111,7 @@ def test_a_claim_at_the_bound_refuses_what_would_grow_it_and_nothing_else() -> N
         events.append(_claim(i, f"claim-{i:04d}", **fields))
     records = w.run(events, [1] * len(events))
 
-    dead = _dead(records)
+    dead = stage_records.dead(records)
     assert dead and all(reason == b"claim_node_full" for _, reason in dead)
     first_refused = dead[0][0]
     assert 100 < first_refused < 600, "the bound is reached after some inputs, not at once or never"
@@ -145,7 +123,7 @@ def test_a_claim_at_the_bound_refuses_what_would_grow_it_and_nothing_else() -> N
     refused_ids = {f"claim-{offset:04d}" for offset, _ in dead}
     assert not refused_ids & set(w.node("hub")["incoming"])
     assert all(orjson.dumps(["t", claim_id]) not in w.table for claim_id in refused_ids)
-    scored = _scored(records)
+    scored = stage_records.scored(records)
     assert {o["source_event_id"] for o in scored} == {f"e{i}" for i in range(700)} - {
         f"e{offset}" for offset, _ in dead
     }
@@ -159,10 +137,10 @@ def test_a_claim_at_the_bound_refuses_what_would_grow_it_and_nothing_else() -> N
     # A re-delivered input the graph took still re-emits its own score; a refused one is refused again.
     again = w.run([events[3], events[first_refused]], [1])
     first_time = next(o for o in scored if o["source_event_id"] == "e3" and o["cause"] == "self")
-    assert [(o["event_id"], o["interval"]) for o in _scored(again)] == [
+    assert [(o["event_id"], o["interval"]) for o in stage_records.scored(again)] == [
         (first_time["event_id"], first_time["interval"])
     ]
-    assert [reason for _, reason in _dead(again)] == [b"claim_node_full"]
+    assert [reason for _, reason in stage_records.dead(again)] == [b"claim_node_full"]
 
 
 def test_an_input_is_refused_whole_when_one_of_its_targets_is_full() -> None:
@@ -172,9 +150,9 @@ def test_an_input_is_refused_whole_when_one_of_its_targets_is_full() -> None:
     )
     before = dict(w.table)
     records = w.run([_claim(700, "late", relationships=[_supports("fresh"), _supports("hub")])], [])
-    assert [reason for _, reason in _dead(records)] == [b"claim_node_full"]
+    assert [reason for _, reason in stage_records.dead(records)] == [b"claim_node_full"]
     assert w.table == before, "not even the stub of the other target was written"
-    assert not _scored(records)
+    assert not stage_records.scored(records)
 
 
 def test_a_derived_claim_is_refused_when_its_constituents_index_is_full() -> None:
@@ -182,7 +160,7 @@ def test_a_derived_claim_is_refused_when_its_constituents_index_is_full() -> Non
     events = [_claim(0, "base")]
     events += [_claim(i, f"derived-claim-{i:05d}", derived_from=["base"]) for i in range(1, 1000)]
     records = w.run(events, [50] * 20)
-    dead = _dead(records)
+    dead = stage_records.dead(records)
     assert dead and {reason for _, reason in dead} == {b"claim_node_full"}
     assert w.largest_record <= LIMIT
     assert len(w.node("base")["derived_by"]) == dead[0][0] - 1
@@ -242,11 +220,13 @@ def test_the_bound_holds_and_decides_the_same_whatever_the_batches(
     alone = one_by_one.run(events, [1] * len(events))
     together = batched.run(events, batches)
 
-    assert _outputs(together) == _outputs(alone)
-    assert _dead(together) == _dead(alone)
+    assert stage_records.outputs(together) == stage_records.outputs(alone)
+    assert stage_records.dead(together) == stage_records.dead(alone)
     assert one_by_one.table == batched.table
     assert max(one_by_one.largest_record, batched.largest_record) <= LIMIT
-    assert Counter(reason for _, reason in _dead(alone)) <= Counter({b"claim_node_full": len(events)})
+    assert Counter(reason for _, reason in stage_records.dead(alone)) <= Counter(
+        {b"claim_node_full": len(events)}
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,7 +244,7 @@ def test_the_size_estimate_of_each_input_is_an_upper_bound(
         batch = _Batch(w.nodes.load, w.nodes, w.facts.get, w.stage.configs.claims)
         out = Outputs(w.settings, w.stage.metrics)
         out.guarded(w.message(offset, event), "test", functools.partial(w.stage._one, batch=batch, out=out))
-        assert not _dead(out.records)
+        assert not stage_records.dead(out.records)
         for key, write in batch.dirty.items():
             w.table[key] = w.nodes.encode(key, write.node)
             assert len(key) + len(w.table[key]) <= batch.size_bound[key], f"input {offset}"
@@ -278,8 +258,8 @@ def test_cached_neighbour_facts_score_as_the_nodes_do(case: tuple[list[dict[str,
     events, batches = case
     cached, decoded = _Worker(facts=True), _Worker(facts=False)
     with_cache, without = cached.run(events, batches), decoded.run(events, batches)
-    assert _outputs(with_cache) == _outputs(without)
-    assert _dead(with_cache) == _dead(without)
+    assert stage_records.outputs(with_cache) == stage_records.outputs(without)
+    assert stage_records.dead(with_cache) == stage_records.dead(without)
     assert cached.table == decoded.table
 
 
@@ -297,10 +277,10 @@ def test_a_replaced_supporter_counts_with_its_new_provenance() -> None:
     ]
     cached, decoded = _Worker(facts=True), _Worker(facts=False)
     with_cache, without = cached.run(events, [1] * 5), decoded.run(events, [1] * 5)
-    assert _outputs(with_cache) == _outputs(without)
+    assert stage_records.outputs(with_cache) == stage_records.outputs(without)
     boosts = {
         o["source_event_id"]: o["interval"]["factors"]["support_boost"]
-        for o in _scored(with_cache)
+        for o in stage_records.scored(with_cache)
         if o["claim_id"] == "T"
     }
     # Boost 1 + 0.1 x sum(upper x strength 0.5): P's upper is 0.8, then 0.2; Q's and R's 0.8.

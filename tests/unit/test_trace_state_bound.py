@@ -22,6 +22,7 @@ from streams.stages import InputRecord, Record, TraceStage
 from streams.stages.common import Outputs
 from streams.stages.trace import _Batch
 from streams.state import TraceState
+from tests.unit import stage_records
 
 LIMIT = 16_384  # the smallest bound the settings accept
 T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
@@ -88,34 +89,20 @@ class _Worker:
         return self.registry.get_sample_value(name, labels) or 0.0
 
 
-def _scored(records: list[Record]) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
-
-
-def _dead(records: list[Record]) -> list[tuple[int, bytes]]:
-    """(input offset, reason) of each dead letter."""
-    letters = []
-    for r in records:
-        if r.topic == "agent-events-dlq":
-            headers = dict(r.headers or [])
-            letters.append((int(headers["__connect.errors.offset"]), headers["__connect.errors.reason"]))
-    return letters
-
-
 def test_a_trace_at_the_bound_dead_letters_what_would_grow_it_and_nothing_else() -> None:
     w = _Worker()
     events = [_tool(i, f"src/module_{i}/handler_{i}.py", ("read", "grep", "git")[i % 3]) for i in range(80)]
     events.append(_tool(80, "src/other.py", trace="short"))  # another trace is not affected
     records = w.run(events, [1] * len(events))  # one input per batch, as a slow trace arrives
 
-    dead = _dead(records)
+    dead = stage_records.dead(records)
     assert dead and all(reason == b"trace_state_full" for _, reason in dead)
     first_refused = dead[0][0]
     assert 10 < first_refused < 60, "the bound is reached after some inputs, not at once or never"
     # Every later input of that trace grows it (a new target each) and is refused; the other trace's is not.
     assert [offset for offset, _ in dead] == list(range(first_refused, 80))
     assert w.largest_write <= LIMIT
-    scored = _scored(records)
+    scored = stage_records.scored(records)
     assert [o["source_event_id"] for o in scored] == [f"e{i}" for i in range(first_refused)] + ["e80"]
     # Metrics count what was sent: no TRACE_SCORED is counted for a refused input.
     assert w.metric("confidence_outputs_emitted_total", event_type="TRACE_SCORED") == len(scored)
@@ -126,15 +113,15 @@ def test_a_trace_at_the_bound_dead_letters_what_would_grow_it_and_nothing_else()
 
     # A re-delivered input the trace took still re-emits its output; a refused one is refused again.
     again = w.run([events[3], events[first_refused]], [1])
-    assert [o["event_id"] for o in _scored(again)] == [scored[3]["event_id"]]
-    assert _scored(again)[0]["score"] == scored[3]["score"]
-    assert [reason for _, reason in _dead(again)] == [b"trace_state_full"]
+    assert [o["event_id"] for o in stage_records.scored(again)] == [scored[3]["event_id"]]
+    assert stage_records.scored(again)[0]["score"] == scored[3]["score"]
+    assert [reason for _, reason in stage_records.dead(again)] == [b"trace_state_full"]
 
 
 def test_one_oversized_sub_result_is_refused_even_in_an_empty_trace() -> None:
     w = _Worker()
     records = w.run([_response(0, "sub_call", "x" * (LIMIT + 100)), _response(1, "sub_call", "short")], [])
-    assert [offset for offset, _ in _dead(records)] == [0]
+    assert [offset for offset, _ in stage_records.dead(records)] == [0]
     assert w.largest_write <= LIMIT
 
 
@@ -170,18 +157,13 @@ def test_the_bound_holds_and_decides_the_same_whatever_the_batches(
     alone = one_by_one.run(events, [1] * len(events))
     together = batched.run(events, batches)
 
-    def outputs(records: list[Record]) -> list[tuple[str, bytes]]:
-        return [
-            (r.topic, orjson.dumps({k: v for k, v in orjson.loads(r.value).items() if k != "scored_at"}))
-            for r in records
-            if r.topic in ("scored-events", "flagged-events")
-        ]
-
-    assert outputs(together) == outputs(alone)
-    assert _dead(together) == _dead(alone)
+    assert stage_records.outputs(together) == stage_records.outputs(alone)
+    assert stage_records.dead(together) == stage_records.dead(alone)
     assert one_by_one.table == batched.table
     assert max(one_by_one.largest_write, batched.largest_write) <= LIMIT
-    assert Counter(reason for _, reason in _dead(alone)) <= Counter({b"trace_state_full": len(events)})
+    assert Counter(reason for _, reason in stage_records.dead(alone)) <= Counter(
+        {b"trace_state_full": len(events)}
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
