@@ -451,8 +451,9 @@ class BatchRunner:
         self.svc.faults.check(self.agent, point, batch)
 
 
-def attach_agents(svc: Service) -> None:
-    """Register the four stage agents and the state sweeps on `svc.app`."""
+def attach_agents(svc: Service) -> ClaimFacts:
+    """Register the four stage agents and the state sweeps on `svc.app`; return the claim agent's
+    neighbour facts cache, which the claim view reads too (same event loop, nothing awaited inside)."""
     app, settings = svc.app, svc.settings
     calibration = svc.calibration_stage
     traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
@@ -582,6 +583,7 @@ def attach_agents(svc: Service) -> None:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
 
     del score_events, score_responses, score_claims, calibrate, sweep_expired_state  # registered on the app
+    return claim_facts
 
 
 def _writer(

@@ -35,8 +35,8 @@ def _worker(_: argparse.Namespace) -> int:
     except PartitionMismatch as exc:
         print(f"confidence-streams worker: {exc}", file=sys.stderr)
         return 2
-    attach_agents(svc)
-    attach_views(svc)
+    claim_facts = attach_agents(svc)
+    attach_views(svc, claim_facts.get)
     attach_lag_monitor(svc)
     tune_gc(settings.gc_gen0_threshold)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).

@@ -90,8 +90,11 @@ def _hour_loader(svc: Service) -> Callable[[bytes], HistoryHour | None]:
     return load
 
 
-def attach_views(svc: Service) -> None:
-    """Register the HTTP endpoints on `svc.app`."""
+def attach_views(
+    svc: Service, claim_facts: Callable[[bytes], claim_graph.NeighbourFacts | None] | None = None
+) -> None:
+    """Register the HTTP endpoints on `svc.app`. `claim_facts` (the claim agent's cache, by table key)
+    spares the claim view decoding every supporter of a much-supported claim."""
     app = svc.app
 
     @app.page("/metrics")
@@ -181,7 +184,8 @@ def attach_views(svc: Service) -> None:
             if node is None or node.definition is None:
                 return _json(self.web, {"error": "unknown claim"}, 404)
             as_of = datetime.now(UTC)
-            interval = claim_graph.interval_of(load, claim_id, as_of, svc.configs.claims)
+            facts = None if claim_facts is None else lambda other: claim_facts(table_key(tenant_id, other))
+            interval = claim_graph.interval_of(load, claim_id, as_of, svc.configs.claims, facts)
             return _json(
                 self.web,
                 {

@@ -273,9 +273,11 @@ def _interval(
     return result, cut
 
 
-def interval_of(load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig) -> ClaimInterval:
+def interval_of(
+    load: Loader, claim_id: str, as_of: datetime, cfg: ClaimsConfig, facts: FactsLoader | None = None
+) -> ClaimInterval:
     """The claim's interval at `as_of` over the graph `load` reads (the HTTP view uses the wall clock)."""
-    graph = _Graph(load, cfg)
+    graph = _Graph(load, cfg, facts)
     if graph.definition(claim_id) is None:
         raise KeyError(claim_id)
     return _interval(graph, claim_id, as_of, cfg, {})[0]

@@ -201,6 +201,8 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     assert round(view["interval"]["lower"], 4) == 0.7
     status, view = _get(deployment, "/claims/claims-tenant/one-source?min_upper=0.6&max_lower=0.5")
     assert status == 200 and view["matches"] is True  # upper high but lower low: potentially important
+    # The contradiction counts in the view too: `against` is read through the worker's facts cache.
+    assert (round(view["interval"]["lower"], 4), round(view["interval"]["upper"], 4)) == (0.448, 0.672)
     status, view = _get(deployment, "/claims/claims-tenant/one-source?min_lower=0.7")
     assert view["matches"] is False
 
