@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 import orjson
 
 from streams.config import ScoringConfigs, Settings
-from streams.dlq import DeadLetter
 from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
@@ -22,8 +21,8 @@ from streams.stages.common import (
     MeasuredSizes,
     Outputs,
     Record,
-    Rejected,
     StateSizes,
+    ValueBound,
     is_flagged,
     now,
     tenant_partition,
@@ -86,6 +85,13 @@ class ClaimStage:
         self.configs = configs
         self.metrics = metrics
         self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        self.node_bound = ValueBound(
+            settings.claim_node_max_bytes,
+            "CLAIM_NODE_MAX_BYTES",
+            "a claim's table record",
+            "claim_node_full",
+            "ClaimNodeFull",
+        )
 
     def process(
         self,
@@ -136,30 +142,14 @@ class ClaimStage:
     ) -> int:
         """An upper bound of the node's record size (key and value), exact (one encode) near the limit.
 
-        Raises `Rejected` when it would exceed `CLAIM_NODE_MAX_BYTES`: a table value is one changelog
-        record, and a broker refuses records over its limit, which would stop the worker on this tenant
-        after every restart. Until the bound reaches a quarter of the limit no encode is needed: one
-        input adds at most its own bytes to a neighbour (its id and edges) and twice them to its own
-        node (its definition and the score it remembers), plus 4 KB.
+        Raises `Rejected` when it would exceed `CLAIM_NODE_MAX_BYTES` (`ValueBound`). The estimate:
+        one input adds at most its own bytes to a neighbour (its id and edges) and twice them to its
+        own node (its definition and the score it remembers), plus 4 KB.
         """
-        limit = self.settings.claim_node_max_bytes
         if key not in batch.size_bound:
             batch.size_bound[key] = len(key) + batch.sizes.stored_bytes(key)
-        bound = batch.size_bound[key] + 2 * len(record.value or b"") + 4096
-        if bound <= limit // 4:
-            return bound
-        size = len(key) + batch.sizes.measure(key, node)
-        if size > limit:
-            raise Rejected(
-                DeadLetter(
-                    record.value or b"",
-                    "claim_node_full",
-                    "ClaimNodeFull",
-                    f"a claim's table record would be {size} bytes, over CLAIM_NODE_MAX_BYTES ({limit}): "
-                    "the input was not applied",
-                )
-            )
-        return size
+        estimate = batch.size_bound[key] + 2 * len(record.value or b"") + 4096
+        return self.node_bound.checked(estimate, lambda: len(key) + batch.sizes.measure(key, node), record)
 
     def _emit(
         self, tenant: str, score: claim_graph.ClaimScore, received_at: float, partition: int, out: Outputs

@@ -16,7 +16,7 @@ from aiokafka.partitioner import murmur2
 from pydantic import BaseModel
 
 from streams.config import Settings
-from streams.dlq import DeadLetter, connect_headers, strip_logprobs
+from streams.dlq import DeadLetter, Reason, connect_headers, strip_logprobs
 from streams.metrics import Metrics
 from streams.state import CalibrationItem
 
@@ -28,6 +28,7 @@ __all__ = [
     "Record",
     "Rejected",
     "StateSizes",
+    "ValueBound",
     "bundle",
     "is_flagged",
     "key_partition",
@@ -286,6 +287,42 @@ class Rejected(Exception):
     def __init__(self, letter: DeadLetter) -> None:
         super().__init__(letter.message)
         self.letter = letter
+
+
+@dataclass(frozen=True, slots=True)
+class ValueBound:
+    """A byte bound on one table value, and how an input that would pass it is refused.
+
+    A table value is one changelog record, and a broker refuses records over its limit (Apache Kafka:
+    1 MB by default), which would stop the worker on that key's batch after every restart.
+    """
+
+    limit: int
+    setting: str  # its configuration name, for the dead letter's message
+    what: str  # what would grow too large, e.g. "the trace's state"
+    reason: Reason
+    error_class: str
+
+    def checked(self, estimate: int, exact: Callable[[], int], record: InputRecord) -> int:
+        """An upper bound of the value's size: `estimate` (an upper bound the caller vouches for) while
+        it is within a quarter of the limit, so small values are never encoded; else `exact()`.
+
+        Raises `Rejected`, dead-lettering `record`, when the exact size passes the limit.
+        """
+        if estimate <= self.limit // 4:
+            return estimate
+        size = exact()
+        if size > self.limit:
+            raise Rejected(
+                DeadLetter(
+                    record.value or b"",
+                    self.reason,
+                    self.error_class,
+                    f"{self.what} would be {size} bytes, over {self.setting} ({self.limit}): "
+                    "the input was not applied",
+                )
+            )
+        return size
 
 
 def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLetter:

@@ -29,8 +29,8 @@ from streams.stages.common import (
     MeasuredSizes,
     Outputs,
     Record,
-    Rejected,
     StateSizes,
+    ValueBound,
     is_flagged,
     key_partition,
     now,
@@ -71,6 +71,13 @@ class TraceStage:
         self.configs = configs
         self.metrics = metrics
         self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        self.state_bound = ValueBound(
+            settings.trace_state_max_bytes,
+            "TRACE_STATE_MAX_BYTES",
+            "the trace's state",
+            "trace_state_full",
+            "TraceStateFull",
+        )
 
     def process(
         self,
@@ -119,29 +126,13 @@ class TraceStage:
     ) -> int:
         """An upper bound of `state`'s encoded size, exact (one encode) once it nears the limit.
 
-        Raises `Rejected` when the state would exceed `TRACE_STATE_MAX_BYTES`: one value of the table
-        is one changelog record, and a broker refuses records over its limit (1 MB by default), which
-        would stop the worker on this trace after every restart. Until the bound reaches a quarter of
-        the limit no encode is needed: an input adds at most twice its own bytes (ids and targets are
-        kept twice), its outputs and 4 KB; the match index's entries of earlier targets (at most six
-        list names each) stay well within that margin.
+        Raises `Rejected` when the state would exceed `TRACE_STATE_MAX_BYTES` (`ValueBound`). The
+        estimate: an input adds at most twice its own bytes (ids and targets are kept twice), its
+        outputs and 4 KB; the match index's entries of earlier targets (at most six list names each)
+        stay well within the quarter of the limit below which the estimate is used.
         """
-        limit = self.settings.trace_state_max_bytes
-        bound = batch.size_bound[key] + 2 * len(record.value) + emitted + 4096
-        if bound <= limit // 4:
-            return bound
-        size = batch.sizes.measure(key, state)
-        if size > limit:
-            raise Rejected(
-                DeadLetter(
-                    record.value,
-                    "trace_state_full",
-                    "TraceStateFull",
-                    f"the trace's state would be {size} bytes, over TRACE_STATE_MAX_BYTES ({limit}): "
-                    "the input was not applied",
-                )
-            )
-        return size
+        estimate = batch.size_bound[key] + 2 * len(record.value or b"") + emitted + 4096
+        return self.state_bound.checked(estimate, lambda: batch.sizes.measure(key, state), record)
 
     def _apply(
         self,
