@@ -1,8 +1,11 @@
-"""Reading what a stage returned, for the unit tests of the table bounds (trace state, claim node)."""
+"""Reading what a stage returned, and the batching check, for the unit tests of the table bounds
+(trace state, claim node)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import orjson
 
@@ -31,3 +34,32 @@ def dead(records: list[Record]) -> list[tuple[int, bytes]]:
             headers = dict(r.headers or [])
             letters.append((int(headers["__connect.errors.offset"]), headers["__connect.errors.reason"]))
     return letters
+
+
+class BoundedStage(Protocol):
+    """A stage over an in-memory table of encoded values, fed in batches of given sizes."""
+
+    table: dict[bytes, bytes]
+    largest_write: int  # bytes of the largest table value written
+
+    def run(self, events: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[Record]: ...
+
+
+def check_batching_changes_nothing(
+    make: Callable[[], BoundedStage],
+    events: list[dict[str, Any]],
+    batches: list[int],
+    limit: int,
+    reason: bytes,
+) -> None:
+    """One input per batch and the given batches send the same records and leave the same table; no
+    value written passes `limit`; every dead letter has `reason`."""
+    one_by_one, batched = make(), make()
+    alone = one_by_one.run(events, [1] * len(events))
+    together = batched.run(events, batches)
+
+    assert outputs(together) == outputs(alone)
+    assert dead(together) == dead(alone)
+    assert one_by_one.table == batched.table
+    assert max(one_by_one.largest_write, batched.largest_write) <= limit
+    assert Counter(why for _, why in dead(alone)) <= Counter({reason: len(events)})

@@ -8,7 +8,6 @@ others point at is the one that grows."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -67,7 +66,7 @@ class _Worker:
         self.nodes: DecodedStates[ClaimNode] = DecodedStates(self.table, ClaimNode)  # type: ignore[arg-type]
         # As the worker does: neighbours' facts from a cache (False: from their decoded nodes).
         self.facts = ClaimFacts(self.nodes, self.stage.configs.claims, max_entries=8) if facts else None
-        self.largest_record = 0  # key and value
+        self.largest_write = 0  # key and value
 
     def message(self, offset: int, event: dict[str, Any]) -> InputRecord:
         """The claims-topic record stage 1 makes of a CLAIM input."""
@@ -92,7 +91,7 @@ class _Worker:
             out, written = self.stage.process(batch, self.nodes.load, self.nodes, facts)
             for key, write in written.items():
                 self.table[key] = self.nodes.encode(key, write.node)
-                self.largest_record = max(self.largest_record, len(key) + len(self.table[key]))
+                self.largest_write = max(self.largest_write, len(key) + len(self.table[key]))
             sent += out
         return sent
 
@@ -117,8 +116,8 @@ def test_a_claim_at_the_bound_refuses_what_would_grow_it_and_nothing_else() -> N
     assert 100 < first_refused < 600, "the bound is reached after some inputs, not at once or never"
     # Every later supporter is refused; the claims that stand alone are not.
     assert [offset for offset, _ in dead] == [i for i in range(first_refused, 700) if i % 10]
-    assert w.largest_record <= LIMIT
-    assert w.largest_record > LIMIT * 0.95, "the hub got close to the bound"
+    assert w.largest_write <= LIMIT
+    assert w.largest_write > LIMIT * 0.95, "the hub got close to the bound"
     # A refused input changed no node: neither the hub's index nor a node of its own.
     refused_ids = {f"claim-{offset:04d}" for offset, _ in dead}
     assert not refused_ids & set(w.node("hub")["incoming"])
@@ -162,7 +161,7 @@ def test_a_derived_claim_is_refused_when_its_constituents_index_is_full() -> Non
     records = w.run(events, [50] * 20)
     dead = stage_records.dead(records)
     assert dead and {reason for _, reason in dead} == {b"claim_node_full"}
-    assert w.largest_record <= LIMIT
+    assert w.largest_write <= LIMIT
     assert len(w.node("base")["derived_by"]) == dead[0][0] - 1
 
 
@@ -216,17 +215,7 @@ def test_the_bound_holds_and_decides_the_same_whatever_the_batches(
     case: tuple[list[dict[str, Any]], list[int]],
 ) -> None:
     events, batches = case
-    one_by_one, batched = _Worker(), _Worker()
-    alone = one_by_one.run(events, [1] * len(events))
-    together = batched.run(events, batches)
-
-    assert stage_records.outputs(together) == stage_records.outputs(alone)
-    assert stage_records.dead(together) == stage_records.dead(alone)
-    assert one_by_one.table == batched.table
-    assert max(one_by_one.largest_record, batched.largest_record) <= LIMIT
-    assert Counter(reason for _, reason in stage_records.dead(alone)) <= Counter(
-        {b"claim_node_full": len(events)}
-    )
+    stage_records.check_batching_changes_nothing(_Worker, events, batches, LIMIT, b"claim_node_full")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,7 +5,6 @@ worker on that trace after every restart)."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -153,17 +152,7 @@ def test_the_bound_holds_and_decides_the_same_whatever_the_batches(
     case: tuple[list[dict[str, Any]], list[int]],
 ) -> None:
     events, batches = case
-    one_by_one, batched = _Worker(), _Worker()
-    alone = one_by_one.run(events, [1] * len(events))
-    together = batched.run(events, batches)
-
-    assert stage_records.outputs(together) == stage_records.outputs(alone)
-    assert stage_records.dead(together) == stage_records.dead(alone)
-    assert one_by_one.table == batched.table
-    assert max(one_by_one.largest_write, batched.largest_write) <= LIMIT
-    assert Counter(reason for _, reason in stage_records.dead(alone)) <= Counter(
-        {b"trace_state_full": len(events)}
-    )
+    stage_records.check_batching_changes_nothing(_Worker, events, batches, LIMIT, b"trace_state_full")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
