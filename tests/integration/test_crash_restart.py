@@ -8,10 +8,10 @@ interruption. Both must end with the same set of output event ids, the same cont
 histories). Each tenant's claims come from one trace, so their order, and hence their scores, is fixed
 (DESIGN 4b "Streaming"); each agent's responses come from one trace for the same reason.
 
-On Tansu, a restarted worker may restore a changelog only partially (its high watermark lags after
-multi-record batches, DESIGN section 7). If the comparison of state meets that, the test says so plainly,
-names the keys that differed, and still asserts the output event-id sets; the full comparison runs on a
-faithful broker.
+On Tansu, a restarted worker would restore a changelog only partially (its high watermark lags after
+multi-record batches, DESIGN section 7), so before the successor starts the test closes those gaps
+(`Deployment.close_changelog_gaps`, which says so as a warning) and the full comparison runs on every
+broker.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import json
 import threading
 import time
-import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +27,16 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, WorkerProcess
-from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, http_get
+from tests.integration.fixtures import (
+    STRONG_COMPOSITE,
+    Deployment,
+    EventFactory,
+    deploy,
+    http_get,
+)
 
 TOOLS = [
     ("find", "Widget", {"result_count": 3}),
@@ -53,7 +57,6 @@ TEXTS = [
     "It never returns nil.",
 ]
 SETTLE_SECONDS = 3.0
-GAP_REASON = "Tansu watermark gap, DESIGN section 7"
 
 
 def _merge(traces: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -216,36 +219,6 @@ def _views(d: Deployment, events: list[dict[str, Any]], port: int) -> dict[str, 
     return {path: _get_json(port, path) for path in sorted(paths)}
 
 
-async def _changelog_gaps(bootstrap: str, app_id: str) -> dict[str, int]:
-    """Per changelog partition: records past the end offset the broker reports (Tansu's lag), if any."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        topics = [t for t in await admin.list_topics() if t.startswith(app_id) and t.endswith("-changelog")]
-    finally:
-        await admin.close()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=100
-    )
-    await consumer.start()
-    try:
-        await consumer.topics()
-        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        reported = await consumer.end_offsets(tps)
-        real = dict.fromkeys(tps, 0)
-        empty = 0
-        while empty < 4:
-            batches = await consumer.getmany(timeout_ms=500)
-            empty = 0 if batches else empty + 1
-            for tp, batch in batches.items():
-                real[tp] = max(real[tp], batch[-1].offset + 1)
-    finally:
-        await consumer.stop()
-    return {f"{tp.topic}[{tp.partition}]": real[tp] - reported[tp] for tp in tps if real[tp] > reported[tp]}
-
-
 async def _committed_inputs(bootstrap: str, settings: Any) -> int:
     """How many input records the group had committed (the successor resumes there, on restored state).
 
@@ -346,7 +319,7 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
         before_kill = {o["event_id"] for o in _scored(d, d.collect(_until_settled(d, lambda _: True)))}
         feeding.join(timeout=60)
         committed = asyncio.run(_committed_inputs(kafka.bootstrap_servers, d.settings))
-        gaps = asyncio.run(_changelog_gaps(kafka.bootstrap_servers, d.settings.app_id))
+        gaps = d.close_changelog_gaps()  # Tansu: else the successor may restore older state
         d.start_worker()
         records = d.collect(
             _until_settled(d, lambda outs: baseline_ids <= {o["event_id"] for o in outs}), timeout=120
@@ -379,10 +352,6 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     assert 0 < committed < len(events), figures
     assert "Ready" in Path(d.workers[1].log_path).read_text(errors="replace")
 
-    def explain(text: str) -> None:  # in the output and, as a warning, in pytest's summary
-        print(text)
-        warnings.warn(text, stacklevel=2)
-
     def described(outs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         return sorted((o["event_type"], o["source_event_id"], o.get("claim_id", "")) for o in outs)
 
@@ -403,16 +372,6 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     assert not extra, f"outputs the uninterrupted run never made: {extra}"
 
     # 2. The same content per id and the same final state through the views.
-    if kafka.is_tansu and (content_diffs or view_diffs):
-        explain(
-            f"{GAP_REASON}: after SIGKILL the restarted worker restores changelogs only up to Tansu's lagging "
-            f"high watermark (records past the reported end here: {gaps or 'none measured'}), so part of the "
-            "state can be missing when the uncommitted inputs are processed again. Differing from the "
-            f"uninterrupted run: outputs {dict(content_diffs)}, views {view_diffs}. Asserted on Tansu: the "
-            "output event-id sets; the full comparison of content and views runs on a faithful broker."
-        )
-        assert gaps, "state differs although no changelog partition had a watermark gap: not Tansu's fault"
-        return
     assert not content_diffs, (
         f"outputs whose content differs from the uninterrupted run: {dict(content_diffs)}"
     )
