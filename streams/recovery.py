@@ -12,7 +12,8 @@ as 1-2 of 400 inputs without output after a SIGTERM and restart (tests/integrati
 The fix is an ordering change: seek while the stream partitions are still paused, then resume them.
 
 A second loss on the same path: records fetched before a rebalance reach the stream afterwards with
-an old generation id, and Faust's stream *acks* such skipped records. Where the partition has a
+an old generation id, and Faust's stream skips them (its pure-Python loop also acks them; our consumer
+refuses those acks, streams/transport.py). Where the partition has a
 committed offset, the seek brings them back; where it has none (a new group, or an internal topic
 nothing was committed on yet), aiokafka's `seek_to_committed` leaves the position after them, so
 they are committed without ever being processed. We saw it as the first records of the repartition

@@ -57,6 +57,15 @@ class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.dropped_partitions: set[TP] = set()  # read and cleared by the recovery
 
+    def ack(self, message: Message) -> bool:
+        # Faust's pure-Python stream loop acks a record it skipped (the flow stopped, or its generation
+        # changed in a rebalance) though no agent saw it, and Faust's commit could then pass it before
+        # the recovery's seek delivers it again. A stream tracks every record before an agent gets it,
+        # so an untracked ack is such a skip: not recorded. (The Cython loop never acks one.)
+        if not message.tracked:
+            return False
+        return bool(super().ack(message))
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 

@@ -10,7 +10,8 @@ import asyncio
 import gc
 from typing import Any
 
-from faust.types import TP
+from faust.events import Event
+from faust.types import TP, ConsumerMessage, Message
 
 from streams.app import create_app
 from streams.config import load_settings
@@ -177,3 +178,52 @@ async def test_a_waiting_hand_over_is_given_up_when_a_rebalance_suspends_the_flo
     await asyncio.wait_for(delivery, 1)  # the drain loop goes on; the record is read again later
     assert outcome == ["cancelled"]
     assert never.cancelled()  # as a task cancels the future it waits for
+
+
+# --- acks of records no stream handed to an agent ------------------------------------------------------
+
+
+def _message(svc: Any, offset: int, tracked: bool) -> Message:
+    topic = svc.settings.input_topic_names[0]
+    message = ConsumerMessage(topic, 0, offset, 0.0, 0, None, b"k", b"v", None, tp=TP(topic, 0))
+    message.tracked = tracked
+    return message
+
+
+def _acked(svc: Any) -> list[int]:
+    return list(svc.app.consumer._acked[TP(svc.settings.input_topic_names[0], 0)])
+
+
+def test_an_ack_of_a_record_no_stream_tracked_is_not_recorded() -> None:
+    """Faust's pure-Python stream loop acks a record it skipped (the flow stopped, or its generation
+    changed in a rebalance) though no agent saw it; recorded, Faust's commit could pass it before the
+    recovery's seek delivers it again."""
+    svc = create_app(load_settings())
+    svc.app.topics._acking_topics.add(svc.settings.input_topic_names[0])
+
+    assert svc.app.consumer.ack(_message(svc, 7, tracked=False)) is False
+    assert _acked(svc) == []
+    assert svc.app.consumer.ack(_message(svc, 7, tracked=True)) is True  # delivered again, then processed
+    assert _acked(svc) == [7]
+
+
+def test_faust_python_stream_loop_acks_a_skipped_record_through_the_consumer() -> None:
+    """Why the guard sits in `Consumer.ack`: the skipped record's ack arrives there (Event.ack ->
+    Message.ack -> Consumer.ack), untracked. (Faust's Cython loop, used when it imports, drops the
+    event before its ack, so it never acks one.)"""
+    svc = create_app(load_settings())
+    svc.app.topics._acking_topics.add(svc.settings.input_topic_names[0])
+    message = _message(svc, 8, tracked=False)
+    calls: list[int] = []
+    consumer = svc.app.consumer
+    original = consumer.ack
+
+    def spy(m: Message) -> bool:
+        calls.append(m.offset)
+        return bool(original(m))
+
+    consumer.ack = spy
+    Event(svc.app, b"k", b"v", {}, message).ack()
+
+    assert calls == [8]
+    assert _acked(svc) == []
