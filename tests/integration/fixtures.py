@@ -165,7 +165,7 @@ class Deployment:
 
         Tansu 0.6.0 reports a partition's end as its last batch's base offset + 1 (DESIGN section 7), so
         after a multi-record batch a restarted worker restores only up to there and starts on older
-        state (CI saw a claim node restored without ~125 of its supporters). Where a partition lags, one
+        state (CI saw a claim node restored without many of its supporters). Where a partition lags, one
         tombstone for a key no table uses is appended: a single-record batch, so the reported end is the
         real end, and restoring it deletes nothing. Said as a warning; a lag on another broker fails.
         Returns the records each lagging partition had past its reported end.
