@@ -264,6 +264,28 @@ class EventFactory:
         return event
 
 
+def settled_as_offline(
+    d: Deployment,
+    ids: set[str],
+    accepted: set[str],
+    refused: set[str],
+    dead_source: Callable[[dict[str, Any]], str],
+) -> Callable[[list[Consumed]], bool]:
+    """`collect`'s condition: each input id in `ids` has an output if `accepted` holds it, or a dead letter
+    if `refused` does, as an offline run decided (`dead_source` reads the input id of a dead letter)."""
+
+    def done(records: list[Consumed]) -> bool:
+        seen = {
+            orjson.loads(r.value).get("source_event_id")
+            for r in records
+            if r.topic == d.settings.scored_topic
+        }
+        dead = {dead_source(orjson.loads(r.value)) for r in records if r.topic == d.settings.dlq_topic}
+        return ids <= (seen & accepted) | (dead & refused)
+
+    return done
+
+
 def count_of(
     kind: str, n: int, topic: str, source_ids: set[str] | None = None
 ) -> Callable[[list[Consumed]], bool]:

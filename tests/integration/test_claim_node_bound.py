@@ -5,13 +5,13 @@ restart; the claims changelog never holds a record over the bound."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
 
 import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, collect
-from tests.integration.fixtures import EventFactory, deploy
+from tests.integration.fixtures import EventFactory, deploy, settled_as_offline
 from tests.unit import stage_records
 from tests.unit.test_claim_node_bound import _Worker
 
@@ -39,21 +39,8 @@ def test_a_claim_at_its_node_bound_dead_letters_its_new_supporters_across_a_rest
     assert refused and accepted and not refused & accepted
     assert all("relationships" in e for e in events if e["event_id"] in refused)
 
-    def settled(ids: set[str]) -> Any:
-        def done(records: list[Consumed]) -> bool:
-            seen = {
-                orjson.loads(r.value).get("source_event_id")
-                for r in records
-                if r.topic == d.settings.scored_topic
-            }
-            dead = {
-                orjson.loads(r.value)["arrived"]["source_event_id"]
-                for r in records
-                if r.topic == d.settings.dlq_topic
-            }
-            return ids <= (seen & accepted) | (dead & refused)
-
-        return done
+    def settled(ids: set[str]) -> Callable[[list[Consumed]], bool]:
+        return settled_as_offline(d, ids, accepted, refused, lambda dead: dead["arrived"]["source_event_id"])
 
     half = CLAIMS // 2
     try:

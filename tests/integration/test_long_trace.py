@@ -12,6 +12,7 @@ early inputs sent again re-emit their outputs from the compressed blocks of the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, collect
 from streams.scoring.evidence import EvidenceConfig, EvidenceState, Invocation, update
 from streams.stages import InputRecord, TraceStage
-from tests.integration.fixtures import EventFactory, count_of, deploy
+from tests.integration.fixtures import EventFactory, count_of, deploy, settled_as_offline
 from tests.unit.test_evidence import _pairwise_categories, _pairwise_convergence
 
 EVENTS = 300
@@ -141,17 +142,8 @@ def test_a_trace_at_its_state_bound_dead_letters_the_rest_across_a_restart(kafka
     refused = {e["event_id"] for e in events} - accepted
     assert refused and all(e["trace_id"] == "full-trace" for e in events if e["event_id"] in refused)
 
-    def settled(ids: set[str]) -> Any:
-        def done(records: list[Consumed]) -> bool:
-            seen = {
-                orjson.loads(r.value).get("source_event_id")
-                for r in records
-                if r.topic == d.settings.scored_topic
-            }
-            dead = {orjson.loads(r.value)["event_id"] for r in records if r.topic == d.settings.dlq_topic}
-            return ids <= (seen & accepted) | (dead & refused)
-
-        return done
+    def settled(ids: set[str]) -> Callable[[list[Consumed]], bool]:
+        return settled_as_offline(d, ids, accepted, refused, lambda dead: dead["event_id"])
 
     half = len(events) // 2
     try:
