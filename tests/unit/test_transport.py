@@ -207,23 +207,34 @@ def test_an_ack_of_a_record_no_stream_tracked_is_not_recorded() -> None:
     assert _acked(svc) == [7]
 
 
-def test_faust_python_stream_loop_acks_a_skipped_record_through_the_consumer() -> None:
-    """Why the guard sits in `Consumer.ack`: the skipped record's ack arrives there (Event.ack ->
-    Message.ack -> Consumer.ack), untracked. (Faust's Cython loop, used when it imports, drops the
-    event before its ack, so it never acks one.)"""
+async def test_faust_python_stream_loop_acks_a_skipped_record_and_the_guard_drops_it() -> None:
+    """Drives Faust's own pure-Python stream loop (`Stream._py_aiter`): a record from an older consumer
+    generation is skipped, never yielded, yet its ack reaches `Consumer.ack`, where the guard refuses
+    it. (Faust's Cython loop, used when it imports, drops such an event before its ack.)"""
     svc = create_app(load_settings())
-    svc.app.topics._acking_topics.add(svc.settings.input_topic_names[0])
-    message = _message(svc, 8, tracked=False)
-    calls: list[int] = []
-    consumer = svc.app.consumer
-    original = consumer.ack
+    app = svc.app
+    app.topics._acking_topics.add(svc.settings.input_topic_names[0])
+    app.flow_control.resume()
+    channel = app.channel().clone(is_iterator=True)
+    stale = _message(svc, 8, tracked=False)
+    stale.generation_id = app.consumer_generation_id + 1  # read before a rebalance
+    current = _message(svc, 9, tracked=False)
+    current.generation_id = app.consumer_generation_id
+    acks: list[int] = []
+    original = app.consumer.ack
 
     def spy(m: Message) -> bool:
-        calls.append(m.offset)
+        acks.append(m.offset)
         return bool(original(m))
 
-    consumer.ack = spy
-    Event(svc.app, b"k", b"v", {}, message).ack()
+    app.consumer.ack = spy
+    loop = app.stream(channel)._py_aiter()
+    first = asyncio.ensure_future(loop.__anext__())  # the loop starts before records arrive, as live
+    await channel.put(Event(app, b"k", b"stale", {}, stale))
+    await channel.put(Event(app, b"k", b"current", {}, current))
 
-    assert calls == [8]
-    assert _acked(svc) == []
+    assert await asyncio.wait_for(first, timeout=5) == b"current"
+    assert acks == [8]  # the skipped record was acked by Faust's loop ...
+    assert _acked(svc) == []  # ... and not recorded as safe to commit
+    assert current.tracked and not current.acked  # the yielded one awaits its agent
+    await loop.aclose()
