@@ -217,7 +217,8 @@ async def test_faust_python_stream_loop_acks_a_skipped_record_and_the_guard_drop
     app.flow_control.resume()
     channel = app.channel().clone(is_iterator=True)
     stale = _message(svc, 8, tracked=False)
-    stale.generation_id = app.consumer_generation_id + 1  # read before a rebalance
+    stale.generation_id = app.consumer_generation_id
+    app.consumer_generation_id += 1  # a rebalance since the stale record was fetched
     current = _message(svc, 9, tracked=False)
     current.generation_id = app.consumer_generation_id
     acks: list[int] = []
