@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from streams import metrics
-from streams.agents import ClaimFacts, DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import ClaimFacts, DecodedStates
 from streams.scoring.claim_graph import ClaimArrived, ClaimDefinition, ClaimNode, Relationship, interval_of
 from streams.scoring.claims import Provenance
 from streams.stages import ClaimStage, InputRecord

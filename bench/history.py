@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from streams import metrics
-from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import DecodedStates
 from streams.stages import AgentStage, InputRecord, TraceStage
 from streams.stages.history import HistoryTable, hour_key, hour_of
 from streams.state import AgentHistory, HistoryEntry, HistoryHour, HourCounts, table_key

@@ -24,10 +24,10 @@ from rich.table import Table
 from bench.mix import Mix, build_mix
 from bench.pipeline import MIX_EVENTS, MIX_TRACES
 from streams import metrics
-from streams.agents import ClaimFacts, DecodedStates
 from streams.cli import tune_gc
 from streams.config import Settings, load_settings, scoring_configs
 from streams.decode import decode
+from streams.decoded_states import ClaimFacts, DecodedStates
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
 from streams.stages.calibration import CalibrationWrite

@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from streams import metrics
-from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import DecodedStates
 from streams.ids import output_event_id
 from streams.scoring.evidence import EvidenceState, _all_matches
 from streams.stages import InputRecord, TraceStage

@@ -20,8 +20,9 @@ def tune_gc(gen0_threshold: int) -> None:
 def _worker(_: argparse.Namespace) -> int:
     from faust import Worker
 
-    from streams.agents import EXIT_BATCH_FAILED, attach_agents
+    from streams.agents import attach_agents
     from streams.app import changelog_topics, create_app
+    from streams.batch_runner import EXIT_BATCH_FAILED
     from streams.config import load_settings
     from streams.lag import attach_lag_monitor
     from streams.topics import PartitionMismatch, ensure_topics

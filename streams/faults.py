@@ -1,7 +1,7 @@
 """Test-only fault injection (`FAULT_INJECTION=<send|table>:<agent>:<batch>`): one batch fails on purpose.
 
 The reliability tests use it to prove that a failed send or table write never loses input: the batch is
-not acknowledged and the worker stops (streams/agents.py). Empty (the default) injects nothing.
+not acknowledged and the worker stops (streams/batch_runner.py). Empty (the default) injects nothing.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ Measured = TypeVar("Measured", bound=BaseModel, contravariant=True)
 
 
 class StateSizes(Protocol[Measured]):
-    """Encoded sizes of table values, as the table stores them (agents.DecodedStates)."""
+    """Encoded sizes of table values, as the table stores them (decoded_states.DecodedStates)."""
 
     def stored_bytes(self, key: bytes) -> int:
         """Size of the value the table holds for `key`; 0 if none."""

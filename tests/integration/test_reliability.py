@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from streams.agents import EXIT_BATCH_FAILED
+from streams.batch_runner import EXIT_BATCH_FAILED
 from streams.config import load_settings
 from streams.demo_runner import worker_env
 from streams.harness import RunningBroker

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-import streams.agents
+import streams.batch_runner
 from streams import metrics
-from streams.agents import BatchRunner
+from streams.batch_runner import BatchRunner
 from streams.batch_send import Outgoing
 from streams.config import load_settings
 from streams.faults import FaultInjector
@@ -115,7 +115,7 @@ async def _settle() -> None:
 def exits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """stop_worker's delayed os._exit, recorded instead."""
     calls: list[str] = []
-    monkeypatch.setattr(streams.agents, "_exit_now", lambda: calls.append("exit"))
+    monkeypatch.setattr(streams.batch_runner, "_exit_now", lambda: calls.append("exit"))
     return calls
 
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
-from streams.agents import ClaimFacts, DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import ClaimFacts, DecodedStates
 from streams.events import ClaimEvent
 from streams.scoring.claim_graph import ClaimArrived, ClaimNode
 from streams.stages import ClaimStage, InputRecord, Record

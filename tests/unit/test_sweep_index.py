@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from streams.agents import DecodedStates
+from streams.decoded_states import DecodedStates
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

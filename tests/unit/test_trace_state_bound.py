@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
-from streams.agents import DecodedStates
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import DecodedStates
 from streams.stages import InputRecord, Record, TraceStage
 from streams.stages.common import Outputs
 from streams.stages.trace import _Batch
