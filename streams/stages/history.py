@@ -154,18 +154,24 @@ class _Agent:
     def count(self, start: datetime, end: datetime | None) -> tuple[int, int]:
         """(responses, those that met their threshold) with start <= event time < end (None: no end)."""
         hours = self.summary.hours
+        start_hour = hour_of(start)
+        # Compared as hour numbers, not datetimes (this runs for every stored hour in the window): hour h
+        # begins at or after `start` from `whole_from` on, and ends at or before `end` below `end_hour`.
+        whole_from = start_hour if _hour_start(start_hour) == start else start_hour + 1
+        end_hour = None if end is None else hour_of(end)
+        end_exact = end_hour is not None and _hour_start(end_hour) == end
         # Only the hours from start's to end's are looked at (sorted: bisection, not a scan of the week).
-        low = bisect.bisect_left(hours, hour_of(start), key=_HOUR_NUMBER)
-        high = len(hours) if end is None else bisect.bisect_right(hours, hour_of(end), key=_HOUR_NUMBER)
+        low = bisect.bisect_left(hours, start_hour, key=_HOUR_NUMBER)
+        high = len(hours) if end_hour is None else bisect.bisect_right(hours, end_hour, key=_HOUR_NUMBER)
         total = met = 0
         for counts in hours[low:high]:
-            first, after = _hour_start(counts.hour), _hour_start(counts.hour + 1)
-            if end is not None and first >= end:  # `end` is this hour's first instant: nothing to load
+            hour = counts.hour
+            if end_exact and hour == end_hour:  # `end` is this hour's first instant: nothing to load
                 continue
-            if first >= start and (end is None or after <= end):
+            if hour >= whole_from and (end_hour is None or hour < end_hour):
                 total, met = total + counts.total, met + counts.met
             else:  # the window cuts this hour: count its entries
-                inside = _between(self.hour(counts.hour).entries, start, end)
+                inside = _between(self.hour(hour).entries, start, end)
                 total, met = total + len(inside), met + sum(e.threshold_met for e in inside)
         return total, met
 
