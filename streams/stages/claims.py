@@ -102,7 +102,7 @@ class ClaimStage:
     ) -> tuple[list[Record], dict[bytes, ClaimWrite]]:
         """Process a batch in order; return records to send and the claim nodes to write (once each).
 
-        `facts` answers `neighbour_facts` of a stored node (decoded_states.ClaimFacts keeps them for many claims).
+        `facts` answers `neighbour_facts` of a stored node (decoded_states.ClaimFacts keeps many of them).
         """
         out = Outputs(self.settings, self.metrics)
         cfg = self.configs.claims
