@@ -25,7 +25,7 @@ from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.decoded_states import DecodedStates
 from streams.stages import AgentStage, InputRecord, TraceStage
-from streams.stages.history import HistoryTable, hour_key, hour_of
+from streams.stages.history import HistoryTable, chunked, hour_key, hour_of
 from streams.state import AgentHistory, HistoryEntry, HistoryHour, HourCounts, table_key
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
@@ -56,21 +56,23 @@ def _stored(entries: list[HistoryEntry]) -> dict[HistoryTable, dict[bytes, bytes
     by_hour: dict[int, list[HistoryEntry]] = {}
     for entry in entries:
         by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
+    chunks = {n: chunked(e, SETTINGS.history_chunk_bytes) for n, e in sorted(by_hour.items())}
     summary = AgentHistory(
         tenant_id=tenant,
         agent_name=agent,
         agent_type=EXAMPLE["agent_type"],
         newest=entries[-1].event_time,
         hours=tuple(
-            HourCounts(hour=n, total=len(e), met=sum(x.threshold_met for x in e))
+            HourCounts(hour=n, total=len(e), met=sum(x.threshold_met for x in e), chunks=len(chunks[n]))
             for n, e in sorted(by_hour.items())
         ),
     )
     return {
         "summary": {table_key(tenant, agent): summary.model_dump_json().encode()},
         "hours": {
-            hour_key(tenant, agent, n): HistoryHour(entries=tuple(e)).model_dump_json().encode()
-            for n, e in by_hour.items()
+            hour_key(tenant, agent, n, i): HistoryHour(entries=chunk).model_dump_json().encode()
+            for n, hour in chunks.items()
+            for i, chunk in enumerate(hour)
         },
     }
 

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     composite_default_threshold: float = Field(0.75, ge=0.0, le=1.0)
     history_window_hours: float = Field(24.0, gt=0)
     history_retention_hours: float = Field(168.0, gt=0, description="Agent history kept for statistics.")
+    # An hour of one agent's entries is stored as chunks of at most this many bytes (a chunk holds at
+    # least one entry), so a busy agent's hour never makes a record over the broker's limit and a
+    # response rewrites one chunk, not its whole hour.
+    history_chunk_bytes: int = Field(65_536, gt=0, description="Largest stored chunk of an agent's hour.")
     kb_relevance_threshold: float = Field(0.7, ge=0.0, le=1.0)
 
     # --- Seed 001: evidence -----------------------------------------------------------------------

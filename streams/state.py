@@ -135,13 +135,15 @@ class HourCounts(BaseModel):
     hour: int = Field(description="Hours since the Unix epoch (the hour starting at hour * 3600 s).")
     total: int
     met: int
+    chunks: int = Field(1, description="Stored chunks of this hour's entries (HISTORY_CHUNK_BYTES each).")
 
 
 class AgentHistory(BaseModel):
     """Summary of one (tenant, agent_name)'s rolling history: per-hour counts, newest event time.
 
-    The entries themselves live one hour per key in the agent-history-hours table (`HistoryHour`), so
-    a response rewrites its hour and this summary, not the agent's whole week (README "Performance").
+    The entries themselves live in the agent-history-hours table, one or more chunks per hour
+    (`HistoryHour`), so a response rewrites one chunk and this summary, not the agent's whole week
+    (README "Performance").
     """
 
     model_config = ConfigDict(frozen=True)
@@ -164,7 +166,11 @@ class AgentHistory(BaseModel):
 
 
 class HistoryHour(BaseModel):
-    """One hour of an agent's responses (key: tenant, agent, hour)."""
+    """One chunk of an hour of an agent's responses (key: tenant, agent, hour[, chunk]).
+
+    A new entry goes to the hour's last chunk, or a new one when it would pass HISTORY_CHUNK_BYTES, so
+    each chunk is sorted but chunks of one hour may overlap in time when responses arrive out of order.
+    """
 
     model_config = ConfigDict(frozen=True)
     entries: tuple[HistoryEntry, ...] = Field((), description="Sorted by event time (stage 2 bisects).")

@@ -1,18 +1,20 @@
 """Stage 2, keyed by (tenant, agent): the composite with the agent's rolling history -> RESPONSE_SCORED.
 
-An agent's history is a summary (`AgentHistory`: per-hour counts and the newest event time) plus one
-key per hour of event time holding that hour's entries (`HistoryHour`). A response rewrites its own
-hour and the summary, never the agent's whole retained week; a count over a window adds whole hours
-from the summary and reads entries only for the (at most two) hours the window cuts.
+An agent's history is a summary (`AgentHistory`: per-hour counts and the newest event time) plus, per
+hour of event time, that hour's entries in chunks of at most HISTORY_CHUNK_BYTES (`HistoryHour`, one
+key each). A response rewrites one chunk and the summary, never the agent's whole retained week nor a
+busy hour whole; a count over a window adds whole hours from the summary and reads entries only for
+the (at most two) hours the window cuts.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Literal
 
 import orjson
@@ -42,7 +44,7 @@ from streams.state import (
     table_key,
 )
 
-__all__ = ["AgentStage", "HistoryWrite", "agent_entries", "hour_key"]
+__all__ = ["AgentStage", "HistoryWrite", "agent_entries", "chunked", "hour_key"]
 
 _EVENT_TIME = operator.attrgetter("event_time")
 _HOUR_NUMBER = operator.attrgetter("hour")
@@ -61,9 +63,9 @@ def _hour_start(hour: int) -> datetime:
     return _EPOCH + hour * _HOUR
 
 
-def hour_key(tenant_id: str, agent_name: str, hour: int) -> bytes:
-    """Key of one hour of an agent's entries in the agent-history-hours table."""
-    return orjson.dumps([tenant_id, agent_name, hour])
+def hour_key(tenant_id: str, agent_name: str, hour: int, chunk: int = 0) -> bytes:
+    """Key of one chunk of an hour of an agent's entries (chunk 0 has the key hours had before chunks)."""
+    return orjson.dumps([tenant_id, agent_name, hour] if chunk == 0 else [tenant_id, agent_name, hour, chunk])
 
 
 def _between(
@@ -77,6 +79,47 @@ def _between(
     return entries[low : bound(entries, end, lo=low, key=_EVENT_TIME)]
 
 
+# What an entry adds to a stored chunk besides its id's escaped characters, at most: the entry encoded
+# with an empty id and the longest values its other fields can have, and the comma before it.
+_ENTRY_REST = 1 + len(
+    HistoryEntry(
+        event_id="",
+        event_time=datetime(
+            9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone(-timedelta(hours=23, minutes=59))
+        ),
+        threshold_met=False,
+        composite=-2.2250738585072014e-308,
+        blocked=False,
+        history_score=-2.2250738585072014e-308,
+    ).model_dump_json()
+)
+_CHUNK_FRAME = len(HistoryHour().model_dump_json())
+_EVENT_ID = operator.attrgetter("event_id")
+
+
+def chunk_bytes_bound(entries: Iterable[HistoryEntry]) -> int:
+    """An upper bound of the encoded size of a chunk holding `entries`."""
+    entries = tuple(entries)
+    # JSON escapes one character at a time, so the ids are measured joined: one call, not one per entry.
+    ids = len(orjson.dumps("".join(map(_EVENT_ID, entries)))) - 2
+    return _CHUNK_FRAME + len(entries) * _ENTRY_REST + ids
+
+
+def chunked(entries: list[HistoryEntry], limit: int) -> list[tuple[HistoryEntry, ...]]:
+    """`entries` (one hour's, sorted) cut in order into chunks bounded by `limit` bytes (or one entry)."""
+    chunks: list[list[HistoryEntry]] = []
+    size = 0
+    for entry in entries:
+        grows = chunk_bytes_bound((entry,)) - _CHUNK_FRAME  # the bound adds up entry by entry
+        if chunks and size + grows <= limit:
+            chunks[-1].append(entry)
+            size += grows
+        else:
+            chunks.append([entry])
+            size = _CHUNK_FRAME + grows
+    return [tuple(chunk) for chunk in chunks]
+
+
 @dataclass(frozen=True)
 class HistoryWrite:
     """A value for the summary or an hour key (None deletes it), to the partition the agent is read from."""
@@ -88,16 +131,22 @@ class HistoryWrite:
 
 SummaryLoader = Callable[[bytes], AgentHistory | None]
 HourLoader = Callable[[bytes], HistoryHour | None]
+Chunk = tuple[int, int]  # (hour, chunk index)
 
 
 class _Agent:
     """One agent's history while a response is applied; reads see the batch's earlier writes."""
 
     def __init__(
-        self, event: LlmResponse, dirty: dict[bytes, HistoryWrite], load: SummaryLoader, load_hour: HourLoader
+        self,
+        event: LlmResponse,
+        dirty: dict[bytes, HistoryWrite],
+        load: SummaryLoader,
+        load_hour: HourLoader,
+        chunk_bytes: int,
     ) -> None:
         self.tenant_id, self.agent_name = event.tenant_id, event.agent_name
-        self._dirty, self._load_hour = dirty, load_hour
+        self._dirty, self._load_hour, self._chunk_bytes = dirty, load_hour, chunk_bytes
         key = table_key(self.tenant_id, self.agent_name)
         written = dirty.get(key)
         stored = written.value if written is not None else load(key)
@@ -105,36 +154,55 @@ class _Agent:
         self.summary = stored or AgentHistory(
             tenant_id=self.tenant_id, agent_name=self.agent_name, agent_type=event.agent_type
         )
-        self._hours: dict[int, HistoryHour] = {}
-        self._changed: set[int] = set()
-        self._gone: list[int] = []
+        self._chunks: dict[Chunk, HistoryHour] = {}
+        self._changed: set[Chunk] = set()
+        self._gone: list[Chunk] = []
         self._summary_changed = False
         if self.summary.entries:  # a value of the old format (one list): split it by hour
             self._split_by_hour()
 
-    def hour(self, number: int) -> HistoryHour:
-        if number not in self._hours:
-            key = hour_key(self.tenant_id, self.agent_name, number)
+    def _chunk(self, hour: int, index: int) -> HistoryHour:
+        if (hour, index) not in self._chunks:
+            key = hour_key(self.tenant_id, self.agent_name, hour, index)
             written = self._dirty.get(key)
             stored = written.value if written is not None else self._load_hour(key)
             assert stored is None or isinstance(stored, HistoryHour)
-            self._hours[number] = stored or HistoryHour()
-        return self._hours[number]
+            self._chunks[hour, index] = stored or HistoryHour()
+        return self._chunks[hour, index]
+
+    def _counts(self, hour: int) -> HourCounts | None:
+        hours = self.summary.hours
+        at = bisect.bisect_left(hours, hour, key=_HOUR_NUMBER)
+        return hours[at] if at < len(hours) and hours[at].hour == hour else None
+
+    def between(
+        self, hour: int, start: datetime, end: datetime | None, inclusive: bool = False
+    ) -> Iterator[HistoryEntry]:
+        """The entries of `hour` (any chunk) with start <= event_time < end (<= end if `inclusive`)."""
+        counts = self._counts(hour)
+        for index in range(counts.chunks if counts else 0):
+            yield from _between(self._chunk(hour, index).entries, start, end, inclusive)
 
     def add(self, entry: HistoryEntry) -> None:
-        """Insert `entry` in its hour, after the entries with the same or an earlier time, and count it."""
-        number = hour_of(entry.event_time)
-        entries = self.hour(number).entries
+        """Insert `entry` in its hour's last chunk (a new one if it would not fit), after the entries
+        with the same or an earlier time, and count it."""
+        hour = hour_of(entry.event_time)
+        counts = self._counts(hour)
+        index = counts.chunks - 1 if counts else 0
+        entries = self._chunk(hour, index).entries
+        if entries and chunk_bytes_bound((*entries, entry)) > self._chunk_bytes:
+            index, entries = index + 1, ()
         at = bisect.bisect_right(entries, entry.event_time, key=_EVENT_TIME)
-        self._hours[number] = HistoryHour(entries=(*entries[:at], entry, *entries[at:]))
-        self._changed.add(number)
+        self._chunks[hour, index] = HistoryHour(entries=(*entries[:at], entry, *entries[at:]))
+        self._changed.add((hour, index))
         hours = list(self.summary.hours)
-        at = bisect.bisect_left(hours, number, key=_HOUR_NUMBER)
-        if at < len(hours) and hours[at].hour == number:
-            old = hours[at]
-            hours[at] = HourCounts(hour=number, total=old.total + 1, met=old.met + entry.threshold_met)
+        at = bisect.bisect_left(hours, hour, key=_HOUR_NUMBER)
+        if counts is not None:
+            hours[at] = HourCounts(
+                hour=hour, total=counts.total + 1, met=counts.met + entry.threshold_met, chunks=index + 1
+            )
         else:
-            hours.insert(at, HourCounts(hour=number, total=1, met=int(entry.threshold_met)))
+            hours.insert(at, HourCounts(hour=hour, total=1, met=int(entry.threshold_met)))
         self.update(hours=tuple(hours))
 
     def update(self, **fields: object) -> None:
@@ -145,11 +213,11 @@ class _Agent:
         """Hours wholly before `horizon` leave; the hour it cuts stays (counts read it from the horizon)."""
         # Hour h ends at or before the horizon exactly when h < hour_of(horizon).
         kept_from = bisect.bisect_left(self.summary.hours, hour_of(horizon), key=_HOUR_NUMBER)
-        gone = [c.hour for c in self.summary.hours[:kept_from]]
+        gone = [(c.hour, index) for c in self.summary.hours[:kept_from] for index in range(c.chunks)]
         if gone:
             self._gone += gone
             self._changed -= set(gone)
-            self.update(hours=self.summary.hours[len(gone) :])
+            self.update(hours=self.summary.hours[kept_from:])
 
     def count(self, start: datetime, end: datetime | None) -> tuple[int, int]:
         """(responses, those that met their threshold) with start <= event time < end (None: no end)."""
@@ -171,18 +239,20 @@ class _Agent:
             if hour >= whole_from and (end_hour is None or hour < end_hour):
                 total, met = total + counts.total, met + counts.met
             else:  # the window cuts this hour: count its entries
-                inside = _between(self.hour(hour).entries, start, end)
-                total, met = total + len(inside), met + sum(e.threshold_met for e in inside)
+                for entry in self.between(hour, start, end):
+                    total, met = total + 1, met + entry.threshold_met
         return total, met
 
     def writes(self, partition: int) -> dict[bytes, HistoryWrite]:
-        """What changed, once per key: hours, deleted hours, the summary."""
+        """What changed, once per key: chunks, deleted chunks, the summary."""
         writes = {
-            hour_key(self.tenant_id, self.agent_name, n): HistoryWrite("hours", self._hours[n], partition)
-            for n in sorted(self._changed)
+            hour_key(self.tenant_id, self.agent_name, *chunk): HistoryWrite(
+                "hours", self._chunks[chunk], partition
+            )
+            for chunk in sorted(self._changed)
         }
-        for number in self._gone:
-            writes[hour_key(self.tenant_id, self.agent_name, number)] = HistoryWrite("hours", None, partition)
+        for chunk in self._gone:
+            writes[hour_key(self.tenant_id, self.agent_name, *chunk)] = HistoryWrite("hours", None, partition)
         if self._summary_changed:
             key = table_key(self.tenant_id, self.agent_name)
             writes[key] = HistoryWrite("summary", self.summary, partition)
@@ -193,13 +263,15 @@ class _Agent:
         by_hour: dict[int, list[HistoryEntry]] = {}
         for entry in entries:  # sorted by event time, so each hour's list is too
             by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
-        self._hours = {n: HistoryHour(entries=tuple(hour)) for n, hour in by_hour.items()}
-        self._changed = set(by_hour)
-        counts = tuple(
-            HourCounts(hour=n, total=len(hour), met=sum(e.threshold_met for e in hour))
-            for n, hour in sorted(by_hour.items())
-        )
-        self.update(entries=(), hours=counts, newest=entries[-1].event_time)
+        counts = []
+        for hour, hour_entries in sorted(by_hour.items()):
+            chunks = chunked(hour_entries, self._chunk_bytes)
+            for index, chunk in enumerate(chunks):
+                self._chunks[hour, index] = HistoryHour(entries=chunk)
+                self._changed.add((hour, index))
+            met = sum(e.threshold_met for e in hour_entries)
+            counts.append(HourCounts(hour=hour, total=len(hour_entries), met=met, chunks=len(chunks)))
+        self.update(entries=(), hours=tuple(counts), newest=entries[-1].event_time)
 
 
 def agent_entries(summary: AgentHistory, load_hour: HourLoader, since: datetime) -> Iterator[HistoryEntry]:
@@ -209,8 +281,14 @@ def agent_entries(summary: AgentHistory, load_hour: HourLoader, since: datetime)
         return
     for counts in summary.hours:
         if _hour_start(counts.hour + 1) > since:
-            stored = load_hour(hour_key(summary.tenant_id, summary.agent_name, counts.hour))
-            yield from _between(stored.entries if stored else (), since, None)
+            chunks = [
+                load_hour(hour_key(summary.tenant_id, summary.agent_name, counts.hour, index))
+                for index in range(counts.chunks)
+            ]
+            # Chunks of one hour may overlap in time; merged in chunk order, equal times keep it.
+            yield from heapq.merge(
+                *(_between(chunk.entries, since, None) for chunk in chunks if chunk), key=_EVENT_TIME
+            )
 
 
 class AgentStage:
@@ -241,7 +319,7 @@ class AgentStage:
         out: Outputs,
     ) -> None:
         pending = PendingResponse.model_validate_json(record.value or b"")
-        agent = _Agent(pending.event, dirty, load, load_hour)
+        agent = _Agent(pending.event, dirty, load, load_hour, self.settings.history_chunk_bytes)
         self._apply(agent, pending, record, out)
         # Only once the response was handled: a dead-lettered one changes nothing.
         dirty.update(agent.writes(record.partition))
@@ -254,7 +332,7 @@ class AgentStage:
         # Entries before the retention horizon count as gone (the hour it cuts is read from it on).
         retained_from = when - window if agent.summary.newest is None else agent.summary.newest - retention
         # A re-delivered response has the same event time: only entries of its hour at that time can be it.
-        same_time = _between(agent.hour(hour_of(when)).entries, when, when, inclusive=True)
+        same_time = agent.between(hour_of(when), when, when, inclusive=True)
         known = next((e for e in same_time if e.event_id == event.event_id), None)
         if known is not None and when >= retained_from:
             history_factor = known.history_score

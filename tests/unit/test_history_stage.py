@@ -16,13 +16,15 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
 from streams.config import Settings, load_settings, scoring_configs
 from streams.scoring import composite
 from streams.stages import AgentStage, InputRecord, TraceStage
-from streams.stages.history import HistoryWrite, agent_entries, hour_key, hour_of
+from streams.stages.history import HistoryWrite, agent_entries, chunk_bytes_bound, chunked, hour_key, hour_of
 from streams.state import AgentHistory, HistoryEntry, HistoryHour, table_key
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -91,35 +93,47 @@ class Responses:
 
 
 def _check_stored(
-    tables: Tables, applied: dict[str, tuple[datetime, bool, float]], horizon: datetime
+    tables: Tables, applied: dict[str, tuple[datetime, bool, float]], horizon: datetime, chunk_bytes: int
 ) -> None:
     (summary,) = tables.summary.values()
     assert summary.entries == ()
-    stored = [
-        e for key in sorted(tables.hours, key=lambda k: orjson.loads(k)[2]) for e in tables.hours[key].entries
-    ]
-    assert [e.event_time for e in stored] == sorted(e.event_time for e in stored)
+    for chunk in tables.hours.values():
+        assert chunk.entries, "an empty chunk is stored"
+        assert [e.event_time for e in chunk.entries] == sorted(e.event_time for e in chunk.entries)
+        assert len(chunk.entries) == 1 or len(chunk.model_dump_json()) <= chunk_bytes
+    stored = [e for chunk in tables.hours.values() for e in chunk.entries]
     assert len({e.event_id for e in stored}) == len(stored)
     retained = {i for i, (when, _, _) in applied.items() if when >= horizon}
     assert retained <= {e.event_id for e in stored}  # everything retained is stored...
     # ...and only hours the horizon does not lie wholly after are kept.
     assert all(hour_of(e.event_time) + 1 > hour_of(horizon) for e in stored)
-    assert len(summary.hours) == len(tables.hours)
+    assert len(tables.hours) == sum(counts.chunks for counts in summary.hours)
     for counts in summary.hours:
-        hour = tables.hours[hour_key(summary.tenant_id, summary.agent_name, counts.hour)]
-        assert (counts.total, counts.met) == (len(hour.entries), sum(e.threshold_met for e in hour.entries))
-    assert {e.event_id for e in agent_entries(summary, tables.hours.get, horizon)} == retained
+        keys = [hour_key(summary.tenant_id, summary.agent_name, counts.hour, i) for i in range(counts.chunks)]
+        hour = [e for key in keys for e in tables.hours[key].entries]
+        assert {hour_of(e.event_time) for e in hour} == {counts.hour}
+        assert (counts.total, counts.met) == (len(hour), sum(e.threshold_met for e in hour))
+    viewed = list(agent_entries(summary, tables.hours.get, horizon))
+    assert [e.event_time for e in viewed] == sorted(e.event_time for e in viewed)
+    assert {e.event_id for e in viewed} == retained
 
 
 @pytest.mark.parametrize(
-    ("seed", "span_hours"),
-    [(1, 60), (2, 60), (3, 400), (4, 400)],  # 400 h: hours leave the 168 h retention while it runs
+    ("seed", "span_hours", "chunk_bytes"),
+    [
+        (1, 60, 65_536),
+        (2, 60, 65_536),
+        (3, 400, 65_536),  # 400 h: hours leave the 168 h retention while it runs
+        (4, 400, 65_536),
+        (6, 8, 700),  # about 20 responses an hour in chunks of 3: hours of many chunks
+        (6, 400, 1),  # a chunk per entry
+    ],
 )
 def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(
-    seed: int, span_hours: int
+    seed: int, span_hours: int, chunk_bytes: int
 ) -> None:
     rng = random.Random(seed)
-    settings = load_settings()
+    settings = load_settings(history_chunk_bytes=chunk_bytes)
     responses = Responses(settings, rng)
     window = timedelta(hours=settings.history_window_hours)
     retention = timedelta(hours=settings.history_retention_hours)
@@ -154,9 +168,12 @@ def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(
         assert responses.success_rate() == pytest.approx(sum(recent) / len(recent), abs=1e-12)
     assert newest is not None
     assert {met for _, met, _ in applied.values()} == {True, False}  # factors between 0 and 1 were checked
-    _check_stored(responses.tables, applied, newest - retention)
-    if span_hours > 200:
-        assert len(responses.tables.hours) < span_hours - 150  # hours past the retention were deleted
+    _check_stored(responses.tables, applied, newest - retention, chunk_bytes)
+    if span_hours > 200:  # hours past the retention were deleted
+        assert len({orjson.loads(key)[2] for key in responses.tables.hours}) < span_hours - 150
+    if chunk_bytes < 1_000:
+        (summary,) = responses.tables.summary.values()
+        assert len(responses.tables.hours) > len(summary.hours)  # some hours did take several chunks
 
 
 def test_entries_before_the_horizon_in_the_hour_it_cuts_count_as_gone() -> None:
@@ -207,9 +224,10 @@ def test_a_history_stored_unsorted_decodes_sorted() -> None:
     assert [e.event_id for e in history.entries] == ["old-1", "old-3", "old-2", "old-0"]
 
 
-def test_a_history_of_the_old_format_is_split_by_hour_on_the_next_response() -> None:
+@pytest.mark.parametrize("chunk_bytes", [65_536, 500])  # 500: two entries a chunk
+def test_a_history_of_the_old_format_is_split_by_hour_on_the_next_response(chunk_bytes: int) -> None:
     rng = random.Random(7)
-    settings = load_settings()
+    settings = load_settings(history_chunk_bytes=chunk_bytes)
     responses = Responses(settings, rng)
     window = timedelta(hours=settings.history_window_hours)
     times = [T0 + timedelta(minutes=rng.randrange(48 * 60)) for _ in range(80)]
@@ -238,5 +256,39 @@ def test_a_history_of_the_old_format_is_split_by_hour_on_the_next_response() -> 
     assert scored["composite"]["factors"]["agent_history"] == pytest.approx(expected, abs=1e-12)  # type: ignore[index]
     applied = {e.event_id: (e.event_time, e.threshold_met, 0.5) for e in entries}
     applied["new"] = (when, bool(scored["composite"]["threshold_met"]), 0.0)  # type: ignore[index]
-    _check_stored(responses.tables, applied, when - timedelta(hours=settings.history_retention_hours))
-    assert len(responses.tables.hours) == len({hour_of(t) for t in [*times, when]})
+    retention = timedelta(hours=settings.history_retention_hours)
+    _check_stored(responses.tables, applied, when - retention, settings.history_chunk_bytes)
+    (summary,) = responses.tables.summary.values()
+    assert [c.hour for c in summary.hours] == sorted({hour_of(t) for t in [*times, when]})
+    if chunk_bytes < 1_000:
+        assert len(responses.tables.hours) > len(summary.hours)
+
+
+_ENTRIES = st.lists(
+    st.builds(
+        HistoryEntry,
+        event_id=st.text(
+            st.characters(exclude_categories=("Cs",)), max_size=60
+        ),  # quotes, controls, any script
+        event_time=st.datetimes(timezones=st.timezones()),
+        threshold_met=st.booleans(),
+        composite=st.floats(allow_nan=False, allow_infinity=False),
+        blocked=st.booleans(),
+        history_score=st.floats(allow_nan=False, allow_infinity=False),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=_ENTRIES, limit=st.integers(1, 3_000))
+def test_chunks_are_bounded_in_order_and_full(entries: list[HistoryEntry], limit: int) -> None:
+    chunks = chunked(entries, limit)
+    assert [e for chunk in chunks for e in chunk] == entries
+    for at, chunk in enumerate(chunks):
+        encoded = len(HistoryHour(entries=chunk).model_dump_json().encode())
+        bound = chunk_bytes_bound(chunk)
+        assert encoded <= bound <= encoded + 60 * len(chunk)  # never below, and not far above
+        assert len(chunk) == 1 or bound <= limit
+        if at + 1 < len(chunks):  # a chunk is cut only where the next entry would not fit
+            assert chunk_bytes_bound((*chunk, chunks[at + 1][0])) > limit
