@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from pydantic import BaseModel
@@ -36,6 +36,8 @@ from streams.state import (
 __all__ = ["attach_agents"]
 
 log = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")  # what a stage's process returns (outputs, table writes)
 
 
 def attach_agents(svc: Service) -> ClaimFacts:
@@ -89,13 +91,27 @@ def attach_agents(svc: Service) -> ClaimFacts:
         bundled_input=True,
     )
 
-    alignment = attach_input_alignment(svc)  # None when INPUT_ALIGNMENT_MAX_LEAD_HOURS=0
+    alignment = attach_input_alignment(svc)  # None when alignment and the backlog gate are both off
 
     def score_trace_batch(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, TraceState]]:
         scored = svc.trace_stage.process(records, traces.load, traces)
         if alignment is not None:
             alignment.after_batch(app, {record.partition for record in records})
         return scored
+
+    def later_stage(
+        process: Callable[[list[InputRecord]], _Result],
+    ) -> Callable[[list[InputRecord]], _Result]:
+        """`process`, then, while input is held back for the later stages, a check whether it may flow
+        again: at once rather than on the next tick, so that those stages do not run out of work."""
+
+        def run(records: list[InputRecord]) -> _Result:
+            result = process(records)
+            if alignment is not None and alignment.holding:
+                alignment.check(app)
+            return result
+
+        return run
 
     @app.agent(svc.input_topic, name="score-events")
     async def score_events(stream: faust.StreamT[bytes]) -> None:
@@ -105,8 +121,10 @@ def attach_agents(svc: Service) -> ClaimFacts:
     async def score_responses(stream: faust.StreamT[bytes]) -> None:
         await history_runner.run(
             stream,
-            lambda records: svc.agent_stage.process(
-                records, histories["summary"].load, histories["hours"].load
+            later_stage(
+                lambda records: svc.agent_stage.process(
+                    records, histories["summary"].load, histories["hours"].load
+                )
             ),
             _writer(histories),
         )
@@ -115,7 +133,9 @@ def attach_agents(svc: Service) -> ClaimFacts:
     async def score_claims(stream: faust.StreamT[bytes]) -> None:
         await claim_runner.run(
             stream,
-            lambda records: svc.claim_stage.process(records, claims.load, claims, claim_facts.get),
+            later_stage(
+                lambda records: svc.claim_stage.process(records, claims.load, claims, claim_facts.get)
+            ),
             write_claim,
         )
 
@@ -123,7 +143,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
     async def calibrate(stream: faust.StreamT[bytes]) -> None:
         await calibration_runner.run(
             stream,
-            lambda records: svc.calibration_stage.process(records, load_calibration),
+            later_stage(lambda records: svc.calibration_stage.process(records, load_calibration)),
             _writer(calibration_states),
         )
 

@@ -14,6 +14,13 @@ stopped delivering: caught up, revoked, or stuck; a partition that delivered not
 is Faust's own `pause_partitions`: records already fetched wait in the fetcher's buffer, and the
 partition is not fetched again until it resumes. Nothing is skipped: records of a partition paused
 while their fetch was under way are sought back and read again (streams/transport.py).
+
+The same gate holds *all* input back while the worker's later stages lag its stage 1: past
+`INTERNAL_BACKLOG_MAX_RECORDS` records on its internal-topic partitions not yet handed to those
+stages, until at most half of that is left (`InternalBacklog`). Without it a saturated worker's stage 1
+ran thousands of bundles ahead of its own later stages, and the calibration scores, which expire
+against the oldest upstream stage, piled up (the full soak's memory bound failed on it). Time held
+back does not count as a partition's idle time, so alignment resumes where it was.
 """
 
 from __future__ import annotations
@@ -27,9 +34,16 @@ from typing import Any
 from faust.types import TP
 
 from streams.app import Service
+from streams.lag import unread_records
 from streams.metrics import Metrics
 
-__all__ = ["CHECK_INTERVAL_SECONDS", "InputAlignment", "attach_input_alignment", "partitions_ahead"]
+__all__ = [
+    "CHECK_INTERVAL_SECONDS",
+    "InputAlignment",
+    "InternalBacklog",
+    "attach_input_alignment",
+    "partitions_ahead",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +61,32 @@ def partitions_ahead(
     return {p for p, moment in event_times.items() if moment > allowed}
 
 
+class InternalBacklog:
+    """Whether stage 1 should hold all input back until the later stages catch up.
+
+    Past `high` unread records on the internal topics input is held; it flows again once at most half
+    of `high` is left, so the later stages still have work while stage 1's next fetch comes back.
+    """
+
+    def __init__(
+        self, topics: Iterable[str], high: int, metrics: Metrics, written: Mapping[tuple[str, int], int]
+    ) -> None:
+        self.topics = frozenset(topics)
+        self.high = high
+        self.metrics = metrics
+        self.written = written  # Service.internal_ends: how far this worker wrote each partition
+        self.holding = False
+
+    def hold(self, consumer: Any) -> bool:
+        unread = unread_records(consumer, self.topics, self.written)
+        self.metrics.internal_backlog.set(unread)
+        if unread > self.high:
+            self.holding = True
+        elif unread <= self.high // 2:
+            self.holding = False
+        return self.holding
+
+
 class InputAlignment:
     """Pauses and resumes stage 1's input partitions (all input topics of a partition number together).
 
@@ -59,20 +99,28 @@ class InputAlignment:
         self,
         topics: Iterable[str],
         event_time: Callable[[int], datetime | None],
-        max_lead: timedelta,
+        max_lead: timedelta | None,
         idle_seconds: float,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
+        backlog: InternalBacklog | None = None,
     ) -> None:
         self.topics = frozenset(topics)
         self.event_time = event_time  # the time of the partition's latest event seen by stage 1
-        self.max_lead = max_lead
+        self.max_lead = max_lead  # None: no alignment, only the backlog gate
         self.idle_seconds = idle_seconds
         self.metrics = metrics
         self.clock = clock
+        self.backlog = backlog
         self._delivered_at: dict[int, float] = {}  # partition -> when stage 1 last got a record of it
         self._paused: set[TP] = set()  # what this object paused (and has not resumed)
+        self._held_since: float | None = None  # when the backlog gate began holding all input back
         self._last_error = ""
+
+    @property
+    def holding(self) -> bool:
+        """Whether all input is held back for the later stages (since the last check)."""
+        return self._held_since is not None
 
     def after_batch(self, app: Any, partitions: Iterable[int]) -> None:
         """Stage 1 processed records of `partitions` just now."""
@@ -101,39 +149,69 @@ class InputAlignment:
         consumer = app.consumer
         assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}
         partitions = {tp.partition for tp in assigned}
-        times = {p: moment for p in partitions if (moment := self.event_time(p)) is not None}
         now = self.clock()
-        # A paused partition may count as delivering for a while: it is ahead, so it never lowers the
-        # slowest time, and if it became the slowest it is resumed in this same check.
-        delivering = [p for p in partitions if now - self._delivered_at.get(p, -1e18) <= self.idle_seconds]
-        ahead = partitions_ahead(times, delivering, self.max_lead)
-        wanted = {tp for tp in assigned if tp.partition in ahead}
+        holding = self._holding(consumer, now)
+        if holding:
+            paused = partitions
+        elif self.max_lead is None:
+            paused = set()
+        else:
+            times = {p: moment for p in partitions if (moment := self.event_time(p)) is not None}
+            # A paused partition may count as delivering for a while: it is ahead, so it never lowers
+            # the slowest time, and if it became the slowest it is resumed in this same check.
+            delivering = [
+                p for p in partitions if now - self._delivered_at.get(p, -1e18) <= self.idle_seconds
+            ]
+            paused = partitions_ahead(times, delivering, self.max_lead)
+        wanted = {tp for tp in assigned if tp.partition in paused}
         resume = {tp for tp in self._paused - wanted if tp in assigned}
         if wanted:
             consumer.pause_partitions(wanted)  # again each time: a recovery may have resumed them
         if resume:
             consumer.resume_partitions(resume)
-        if wanted - self._paused or resume:
+        if (wanted - self._paused or resume) and not holding:
             log.info(
                 "input alignment: partitions paused now: %s (more than %s ahead of the slowest delivering one)",
-                sorted(ahead),
+                sorted(paused),
                 self.max_lead,
             )
         self._paused = wanted
-        self.metrics.input_partitions_paused.set(len(ahead))
+        self.metrics.input_partitions_paused.set(len(paused))
+
+    def _holding(self, consumer: Any, now: float) -> bool:
+        """Ask the backlog gate; when it lets go, the time held counts as no partition's idle time."""
+        holding = self.backlog is not None and self.backlog.hold(consumer)
+        if holding and self._held_since is None:
+            self._held_since = now
+            assert self.backlog is not None
+            log.info(
+                "input held back: the later stages have more than %d internal records unread",
+                self.backlog.high,
+            )
+        elif not holding and self._held_since is not None:
+            held_for = now - self._held_since
+            self._delivered_at = {p: moment + held_for for p, moment in self._delivered_at.items()}
+            self._held_since = None
+        return holding
 
 
 def attach_input_alignment(svc: Service) -> InputAlignment | None:
-    """The alignment of `svc`'s input partitions, checked on a timer too; None when it is turned off."""
+    """The gate of `svc`'s input partitions (alignment, backlog), checked on a timer too; None when
+    both are turned off."""
     settings = svc.settings
-    if settings.input_alignment_max_lead_hours <= 0:
+    lead = settings.input_alignment_max_lead_hours
+    high = settings.internal_backlog_max_records
+    if lead <= 0 and high <= 0:
         return None
     alignment = InputAlignment(
         settings.input_topic_names,
         svc.trace_stage.clock.latest,
-        timedelta(hours=settings.input_alignment_max_lead_hours),
+        timedelta(hours=lead) if lead > 0 else None,
         settings.input_alignment_idle_seconds,
         svc.metrics,
+        backlog=InternalBacklog(settings.internal_topics, high, svc.metrics, svc.internal_ends)
+        if high > 0
+        else None,
     )
 
     @svc.app.timer(interval=CHECK_INTERVAL_SECONDS, name="input-alignment")  # type: ignore[untyped-decorator]

@@ -112,6 +112,10 @@ class Service:
     calibration_stage: CalibrationStage
     faults: FaultInjector
     health: Health = field(default_factory=Health)
+    # (topic, partition) -> past the last internal-topic record this worker produced and saw
+    # acknowledged: the partition's end as far as this worker knows, without a broker round trip
+    # (a fetch's high watermark goes stale while the partition's fetched records wait to be read).
+    internal_ends: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def changelog_topics(svc: Service) -> list[str]:

@@ -202,7 +202,7 @@ class BatchRunner:
                 await before.outputs_acked.wait()
             started = time.perf_counter()
             self._inject("send", batch.number)
-            await self._acknowledged(await self.sender().send(batch.outputs))
+            self._note_internal_ends(await self._acknowledged(await self.sender().send(batch.outputs)))
             outputs_acked.set()
             sent = time.perf_counter()
             if before is not None:
@@ -225,9 +225,20 @@ class BatchRunner:
     def sender(self) -> RecordBatches:
         return RecordBatches.of(self.svc.app)
 
-    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
-        if futures:
-            await asyncio.wait_for(asyncio.gather(*futures), self.svc.settings.send_timeout_seconds)
+    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> list[Any]:
+        """The broker's answers (aiokafka RecordMetadata, one per record batch), once all arrived."""
+        if not futures:
+            return []
+        return list(await asyncio.wait_for(asyncio.gather(*futures), self.svc.settings.send_timeout_seconds))
+
+    def _note_internal_ends(self, acknowledged: list[Any]) -> None:
+        """Remember how far this worker has written each internal partition (the input gate reads it)."""
+        ends = self.svc.internal_ends
+        for answer in acknowledged:
+            if answer.topic in self.internal_topics:
+                where = (answer.topic, answer.partition)
+                # The batch's first record: a bundle is one record per (topic, partition) and batch.
+                ends[where] = max(ends.get(where, 0), answer.offset + 1)
 
     def _inject(self, point: FaultPoint, batch: int) -> None:
         self.svc.faults.check(self.agent, point, batch)

@@ -163,6 +163,12 @@ class Settings(BaseSettings):
     input_alignment_idle_seconds: float = Field(
         2.0, gt=0, description="A partition that delivered nothing this long holds no other back."
     )
+    internal_backlog_max_records: int = Field(
+        200,
+        ge=0,
+        description="Past this many records on the worker's internal-topic partitions not yet read by "
+        "its later stages, stage 1 holds all input back until at most half are left; 0 turns it off.",
+    )
 
     # --- Reliability ------------------------------------------------------------------------------
     send_timeout_seconds: float = Field(

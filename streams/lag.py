@@ -12,7 +12,7 @@ from faust.types import TP
 from streams.app import Service
 from streams.metrics import Metrics
 
-__all__ = ["LAG_INTERVAL_SECONDS", "LagMonitor", "attach_lag_monitor", "partition_lag"]
+__all__ = ["LAG_INTERVAL_SECONDS", "LagMonitor", "attach_lag_monitor", "partition_lag", "unread_records"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,30 @@ def _committed(consumer: Any, tp: TP) -> int | None:
     # every commit and after each rebalance's seek; reading it costs no broker round trip.
     offsets = getattr(consumer, "_committed_offset", None)
     return None if offsets is None else offsets.get(tp)
+
+
+def unread_records(consumer: Any, topics: Iterable[str], written: Mapping[tuple[str, int], int]) -> int:
+    """Records of the assigned partitions of `topics` that this worker's streams have not been handed.
+
+    Without a broker round trip: a partition's end is the later of its last fetch's high watermark
+    (stale while fetched records wait to be read) and `written`, past what this worker produced to it
+    itself; the start is past the last offset Faust delivered to the streams (before the first, the
+    committed one). Records other workers wrote since the last fetch are not seen, so it can count
+    low, never high. A partition whose end is not known yet counts 0.
+    """
+    wanted = frozenset(topics)
+    read_offsets = getattr(consumer, "_read_offset", {})  # Faust's: the last offset delivered
+    total = 0
+    for tp in consumer.assignment():
+        if tp.topic not in wanted:
+            continue
+        ends = [
+            end for end in (consumer.highwater(tp), written.get((tp.topic, tp.partition))) if end is not None
+        ]
+        read = read_offsets.get(tp)
+        start = read + 1 if read is not None else _committed(consumer, tp)
+        total += partition_lag(max(ends, default=None), start, None) or 0
+    return total
 
 
 class LagMonitor:

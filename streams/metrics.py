@@ -73,6 +73,7 @@ class Metrics(NamedTuple):
     response_actions: Counter
     consumer_lag: Gauge
     input_partitions_paused: Gauge
+    internal_backlog: Gauge
     batch_seconds: Histogram
     labels: LabelCap
     child: ChildCache
@@ -218,8 +219,15 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         ),
         input_partitions_paused=Gauge(
             "confidence_input_partitions_paused",
-            "Input partitions this worker holds back because their event time runs ahead of the slowest "
-            "one still delivering (INPUT_ALIGNMENT_MAX_LEAD_HOURS, streams/alignment.py)",
+            "Input partitions this worker holds back: their event time runs ahead of the slowest one "
+            "still delivering (INPUT_ALIGNMENT_MAX_LEAD_HOURS), or all of them while its later stages "
+            "lag (INTERNAL_BACKLOG_MAX_RECORDS); streams/alignment.py",
+            registry=registry,
+        ),
+        internal_backlog=Gauge(
+            "confidence_internal_backlog_records",
+            "Records on this worker's internal-topic partitions not yet handed to its later stages, "
+            "after every stage-1 batch and every 0.5 s (streams/alignment.py)",
             registry=registry,
         ),
         batch_seconds=Histogram(

@@ -9,10 +9,12 @@ from faust.types import TP
 from prometheus_client import CollectorRegistry
 
 from streams import metrics
-from streams.alignment import InputAlignment, partitions_ahead
+from streams.alignment import InputAlignment, InternalBacklog, partitions_ahead
+from streams.lag import unread_records
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+INTERNAL = "later-stage"
 
 
 def test_only_partitions_past_the_slowest_delivering_one_plus_the_lead_are_ahead() -> None:
@@ -27,10 +29,18 @@ def test_only_partitions_past_the_slowest_delivering_one_plus_the_lead_are_ahead
 class FakeConsumer:
     def __init__(self, partitions: list[int], topics: tuple[str, ...] = ("in",)) -> None:
         self.assigned = {TP(topic, p) for topic in topics for p in partitions}
+        self.assigned |= {TP(INTERNAL, p) for p in partitions}  # a later stage's partitions
         self.paused: set[TP] = set()
+        # Faust's bookkeeping that the backlog gate reads: the last offset delivered, the committed one.
+        self._read_offset: dict[TP, int] = {}
+        self._committed_offset: dict[TP, int] = {}
+        self.highwaters: dict[TP, int] = {}
 
     def assignment(self) -> set[TP]:
         return self.assigned
+
+    def highwater(self, tp: TP) -> int | None:
+        return self.highwaters.get(tp)
 
     def pause_partitions(self, tps: set[TP]) -> None:
         self.paused |= tps
@@ -47,20 +57,37 @@ class FakeApp:
 
 
 class Setup:
-    def __init__(self, partitions: list[int], topics: tuple[str, ...] = ("in",)) -> None:
+    def __init__(
+        self,
+        partitions: list[int],
+        topics: tuple[str, ...] = ("in",),
+        backlog_high: int | None = None,
+        max_lead: timedelta | None = 2 * HOUR,
+    ) -> None:
         self.times: dict[int, datetime] = {}
+        self.written: dict[tuple[str, int], int] = {}
         self.now = 100.0
         self.registry = CollectorRegistry()
         self.consumer = FakeConsumer(partitions, topics)
         self.app = FakeApp(self.consumer)
+        registry = metrics.create(self.registry)
         self.alignment = InputAlignment(
             topics,
             self.times.get,
-            max_lead=2 * HOUR,
+            max_lead=max_lead,
             idle_seconds=2.0,
-            metrics=metrics.create(self.registry),
+            metrics=registry,
             clock=lambda: self.now,
+            backlog=None
+            if backlog_high is None
+            else InternalBacklog([INTERNAL], backlog_high, registry, self.written),
         )
+
+    def unread(self, partition: int, records: int) -> None:
+        """The later stage's partition holds `records` records past the last one handed to it."""
+        tp = TP(INTERNAL, partition)
+        self.consumer._read_offset[tp] = 999
+        self.consumer.highwaters[tp] = 1_000 + records
 
     def batch(self, **times: datetime) -> None:
         """Stage 1 processed records of these partitions (p0=..., p1=...), reaching these event times."""
@@ -139,3 +166,63 @@ def test_a_failing_consumer_is_logged_not_raised() -> None:
     s.consumer.assignment = broken  # type: ignore[method-assign]
     s.batch(p0=T0 + 10 * HOUR, p1=T0)  # does not raise
     assert s.paused() == set()
+
+
+def test_unread_records_count_the_internal_partitions_from_the_last_offset_handed_over() -> None:
+    consumer = FakeConsumer([0, 1, 2])
+    consumer.highwaters = {TP(INTERNAL, 0): 50, TP(INTERNAL, 1): 80, TP(INTERNAL, 2): 10, TP("in", 0): 900}
+    consumer._read_offset = {TP(INTERNAL, 0): 39}  # records 40-49 are not handed over yet
+    consumer._committed_offset = {TP(INTERNAL, 1): 60}  # nothing handed over since the commit
+    # Partition 2: neither known, so 0; the input topic is not counted; a read past a lagging end is 0.
+    assert unread_records(consumer, [INTERNAL], {}) == 10 + 20
+    consumer._read_offset[TP(INTERNAL, 2)] = 30
+    assert unread_records(consumer, [INTERNAL], {}) == 30
+    # What this worker wrote itself since the last fetch counts, a stale or lower one does not.
+    written = {(INTERNAL, 0): 75, (INTERNAL, 1): 70, ("in", 0): 5_000}
+    assert unread_records(consumer, [INTERNAL], written) == 35 + 20
+
+
+def test_all_input_is_held_while_the_later_stages_lag_and_flows_once_half_is_left() -> None:
+    s = Setup([0, 1], backlog_high=100)
+    s.unread(0, 60)
+    s.unread(1, 40)
+    s.batch(p0=T0, p1=T0)
+    assert s.paused() == set() and not s.alignment.holding  # exactly the bound: not past it
+    s.unread(1, 41)
+    s.batch(p0=T0, p1=T0)
+    assert s.paused() == {0, 1} and s.alignment.holding
+    assert s.gauge() == 2
+    assert s.registry.get_sample_value("confidence_internal_backlog_records") == 101
+    s.unread(0, 10)  # 51 left: still held (hysteresis)
+    s.alignment.check(s.app)
+    assert s.paused() == {0, 1}
+    s.unread(0, 9)  # 50: half the bound
+    s.alignment.check(s.app)
+    assert s.paused() == set() and not s.alignment.holding
+    assert s.gauge() == 0
+
+
+def test_while_held_alignment_still_pauses_only_the_partition_ahead_afterwards() -> None:
+    s = Setup([0, 1], backlog_high=100)
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    s.unread(0, 500)
+    s.now += 0.5
+    s.alignment.check(s.app)
+    assert s.paused() == {0, 1}
+    s.now += 30  # held far longer than idle_seconds: p1 delivered nothing, but could not
+    s.unread(0, 0)
+    s.alignment.check(s.app)
+    assert s.paused() == {0}  # p1 still counts as delivering: p0 waits for it, as before the hold
+    s.now += 2.5  # now p1 really delivered nothing for longer than idle_seconds
+    s.alignment.check(s.app)
+    assert s.paused() == set()
+
+
+def test_the_backlog_gate_works_with_alignment_off() -> None:
+    s = Setup([0, 1], backlog_high=10, max_lead=None)
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == set()  # no alignment
+    s.unread(1, 11)
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0, 1}

@@ -62,21 +62,27 @@ class _Sender:
     """Records each send as (what, batch) and hands back one future the test resolves."""
 
     sent: list[tuple[str, str]] = field(default_factory=list)
-    pending: dict[tuple[str, str], asyncio.Future[None]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
+    where: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
 
-    async def send(self, records: Iterable[Outgoing]) -> list[asyncio.Future[None]]:
+    async def send(self, records: Iterable[Outgoing]) -> list[asyncio.Future[Any]]:
         records = list(records)
         if not records:
             return []
         first = records[0].value or b""
         label = ("changelog" if first.startswith(b"state") else "outputs", first.decode().split("-")[1])
         self.sent.append(label)
+        self.where[label] = (records[0].topic, records[0].partition or 0)
         future = asyncio.get_running_loop().create_future()
         self.pending[label] = future
         return [future]
 
-    def ack(self, what: str, batch: int | str) -> None:
-        self.pending[(what, str(batch))].set_result(None)
+    def ack(self, what: str, batch: int | str, offset: int = 0) -> None:
+        """The broker's answer for the send: aiokafka's RecordMetadata has these fields (and more)."""
+        topic, partition = self.where[(what, str(batch))]
+        self.pending[(what, str(batch))].set_result(
+            SimpleNamespace(topic=topic, partition=partition, offset=offset)
+        )
 
     def fail(self, what: str, batch: int) -> None:
         self.pending[(what, str(batch))].set_exception(RuntimeError("broker refused"))
@@ -132,13 +138,14 @@ class _Rig:
 
 
 @contextlib.asynccontextmanager
-async def _running(batches: int) -> AsyncIterator[_Rig]:
+async def _running(batches: int, output_topic: str = "out") -> AsyncIterator[_Rig]:
     settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
     svc = SimpleNamespace(
         settings=settings,
         metrics=metrics.create(CollectorRegistry()),
         faults=FaultInjector(),
         health=Health(),
+        internal_ends={},
     )
     table, sender = _Table(), _Sender()
     rig = _Rig(
@@ -153,7 +160,7 @@ async def _running(batches: int) -> AsyncIterator[_Rig]:
     def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
         number = (records[0].value or b"").decode().split("-")[1]
         rig.processed.append(number)
-        return [Record("out", b"k", f"output-{number}".encode())], {b"k": number}
+        return [Record(output_topic, b"k", f"output-{number}".encode(), partition=1)], {b"k": number}
 
     def write(key: bytes, number: str) -> None:
         table.unsent.append(Outgoing("changelog", key, f"state-{number}".encode(), 0))
@@ -241,3 +248,26 @@ async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits
         sender.ack("changelog", "sweep")
         await _settle()
         assert stream.acked == [10, 11, 20, 21] and svc.health.fatal is None
+
+
+async def test_how_far_the_worker_wrote_each_internal_partition_is_noted_on_the_ack(exits: list[str]) -> None:
+    internal = load_settings().responses_topic
+    async with _running(batches=2, output_topic=internal) as rig:
+        assert rig.sender.sent == [("outputs", "1")]
+        assert rig.svc.internal_ends == {}  # not before the broker acknowledged it
+        rig.sender.ack("outputs", 1, offset=41)
+        await _settle()
+        assert rig.svc.internal_ends == {(internal, 1): 42}
+        rig.sender.ack("changelog", 1)
+        await _settle()
+        rig.sender.ack("outputs", 2, offset=42)
+        await _settle()
+        assert rig.svc.internal_ends == {(internal, 1): 43}
+        rig.sender.ack("changelog", 2)
+        await _settle()
+    async with _running(batches=1) as rig:  # not an internal topic: nothing to note
+        rig.sender.ack("outputs", 1, offset=7)
+        await _settle()
+        assert rig.svc.internal_ends == {}
+        rig.sender.ack("changelog", 1)
+        await _settle()
