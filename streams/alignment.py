@@ -114,6 +114,7 @@ class InputAlignment:
         self.backlog = backlog
         self._delivered_at: dict[int, float] = {}  # partition -> when stage 1 last got a record of it
         self._paused: set[TP] = set()  # what this object paused (and has not resumed)
+        self._ahead: set[int] = set()  # the partitions alignment held back at its last decision
         self._held_since: float | None = None  # when the backlog gate began holding all input back
         self._last_error = ""
 
@@ -169,25 +170,26 @@ class InputAlignment:
             consumer.pause_partitions(wanted)  # again each time: a recovery may have resumed them
         if resume:
             consumer.resume_partitions(resume)
-        if (wanted - self._paused or resume) and not holding:
+        if not holding and paused != self._ahead:  # logged as alignment decides, not per hold
             log.info(
                 "input alignment: partitions paused now: %s (more than %s ahead of the slowest delivering one)",
                 sorted(paused),
                 self.max_lead,
             )
+            self._ahead = paused
         self._paused = wanted
         self.metrics.input_partitions_paused.set(len(paused))
 
     def _holding(self, consumer: Any, now: float) -> bool:
         """Ask the backlog gate; when it lets go, the time held counts as no partition's idle time."""
-        holding = self.backlog is not None and self.backlog.hold(consumer)
+        if self.backlog is None:
+            return False
+        holding = self.backlog.hold(consumer)
         if holding and self._held_since is None:
             self._held_since = now
-            assert self.backlog is not None
-            log.info(
-                "input held back: the later stages have more than %d internal records unread",
-                self.backlog.high,
-            )
+            self.metrics.input_holds.inc()
+            # Debug, not info: a saturated worker holds about once a second (the counter shows it).
+            log.debug("input held back: more than %d internal records unread", self.backlog.high)
         elif not holding and self._held_since is not None:
             held_for = now - self._held_since
             self._delivered_at = {p: moment + held_for for p, moment in self._delivered_at.items()}

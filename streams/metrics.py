@@ -74,6 +74,7 @@ class Metrics(NamedTuple):
     consumer_lag: Gauge
     input_partitions_paused: Gauge
     internal_backlog: Gauge
+    input_holds: Counter
     batch_seconds: Histogram
     labels: LabelCap
     child: ChildCache
@@ -228,6 +229,12 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
             "confidence_internal_backlog_records",
             "Records on this worker's internal-topic partitions not yet handed to its later stages, "
             "after every stage-1 batch and every 0.5 s (streams/alignment.py)",
+            registry=registry,
+        ),
+        input_holds=Counter(
+            "confidence_input_holds",
+            "Times this worker's stage 1 held all its input back because its later stages lagged "
+            "(INTERNAL_BACKLOG_MAX_RECORDS, streams/alignment.py)",
             registry=registry,
         ),
         batch_seconds=Histogram(

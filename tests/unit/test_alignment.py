@@ -192,6 +192,7 @@ def test_all_input_is_held_while_the_later_stages_lag_and_flows_once_half_is_lef
     s.batch(p0=T0, p1=T0)
     assert s.paused() == {0, 1} and s.alignment.holding
     assert s.gauge() == 2
+    assert s.registry.get_sample_value("confidence_input_holds_total") == 1
     assert s.registry.get_sample_value("confidence_internal_backlog_records") == 101
     s.unread(0, 10)  # 51 left: still held (hysteresis)
     s.alignment.check(s.app)
