@@ -272,6 +272,7 @@ def test_every_dashboard_metric_is_one_the_worker_defines() -> None:
         "confidence_processing_latency_seconds_bucket",
         "confidence_consumer_lag",
         "confidence_input_partitions_paused",
+        "confidence_internal_backlog_records",
         "rlm_synthesis_conflicts_sum",
         "confidence_calibration_ece",
         "confidence_calibration_brier",
