@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -177,11 +178,11 @@ class _Agent:
 
     def between(
         self, hour: int, start: datetime, end: datetime | None, inclusive: bool = False
-    ) -> Iterator[HistoryEntry]:
-        """The entries of `hour` (any chunk) with start <= event_time < end (<= end if `inclusive`)."""
+    ) -> list[tuple[HistoryEntry, ...]]:
+        """Per chunk of `hour`, its entries with start <= event_time < end (<= end if `inclusive`)."""
         counts = self._counts(hour)
-        for index in range(counts.chunks if counts else 0):
-            yield from _between(self._chunk(hour, index).entries, start, end, inclusive)
+        chunks = range(counts.chunks if counts else 0)
+        return [_between(self._chunk(hour, index).entries, start, end, inclusive) for index in chunks]
 
     def add(self, entry: HistoryEntry) -> None:
         """Insert `entry` in its hour's last chunk (a new one if it would not fit), after the entries
@@ -239,8 +240,8 @@ class _Agent:
             if hour >= whole_from and (end_hour is None or hour < end_hour):
                 total, met = total + counts.total, met + counts.met
             else:  # the window cuts this hour: count its entries
-                for entry in self.between(hour, start, end):
-                    total, met = total + 1, met + entry.threshold_met
+                for inside in self.between(hour, start, end):
+                    total, met = total + len(inside), met + sum(e.threshold_met for e in inside)
         return total, met
 
     def writes(self, partition: int) -> dict[bytes, HistoryWrite]:
@@ -332,7 +333,7 @@ class AgentStage:
         # Entries before the retention horizon count as gone (the hour it cuts is read from it on).
         retained_from = when - window if agent.summary.newest is None else agent.summary.newest - retention
         # A re-delivered response has the same event time: only entries of its hour at that time can be it.
-        same_time = agent.between(hour_of(when), when, when, inclusive=True)
+        same_time = itertools.chain.from_iterable(agent.between(hour_of(when), when, when, inclusive=True))
         known = next((e for e in same_time if e.event_id == event.event_id), None)
         if known is not None and when >= retained_from:
             history_factor = known.history_score
