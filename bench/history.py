@@ -25,8 +25,8 @@ from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.decoded_states import DecodedStates
 from streams.stages import AgentStage, InputRecord, TraceStage
-from streams.stages.history import HistoryTable, chunked, hour_key, hour_of
-from streams.state import AgentHistory, HistoryEntry, HistoryHour, HourCounts, table_key
+from streams.stages.history import HistoryTable, hour_key, stored_hours
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, table_key
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 RESPONSES = 500
@@ -51,28 +51,21 @@ def _entries(size: int) -> list[HistoryEntry]:
 
 
 def _stored(entries: list[HistoryEntry]) -> dict[HistoryTable, dict[bytes, bytes]]:
-    """The agent's summary and hour keys, as the two tables hold them (JSON bytes)."""
+    """The agent's summary and hour chunks, as the two tables hold them (JSON bytes)."""
     tenant, agent = EXAMPLE["tenant_id"], EXAMPLE["agent_name"]
-    by_hour: dict[int, list[HistoryEntry]] = {}
-    for entry in entries:
-        by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
-    chunks = {n: chunked(e, SETTINGS.history_chunk_bytes) for n, e in sorted(by_hour.items())}
+    counts, chunks = stored_hours(tuple(entries), SETTINGS.history_chunk_bytes)
     summary = AgentHistory(
         tenant_id=tenant,
         agent_name=agent,
         agent_type=EXAMPLE["agent_type"],
         newest=entries[-1].event_time,
-        hours=tuple(
-            HourCounts(hour=n, total=len(e), met=sum(x.threshold_met for x in e), chunks=len(chunks[n]))
-            for n, e in sorted(by_hour.items())
-        ),
+        hours=counts,
     )
     return {
         "summary": {table_key(tenant, agent): summary.model_dump_json().encode()},
         "hours": {
-            hour_key(tenant, agent, n, i): HistoryHour(entries=chunk).model_dump_json().encode()
-            for n, hour in chunks.items()
-            for i, chunk in enumerate(hour)
+            hour_key(tenant, agent, hour, index): chunk.model_dump_json().encode()
+            for (hour, index), chunk in chunks.items()
         },
     }
 

@@ -45,7 +45,7 @@ from streams.state import (
     table_key,
 )
 
-__all__ = ["AgentStage", "HistoryWrite", "agent_entries", "chunked", "hour_key"]
+__all__ = ["AgentStage", "HistoryWrite", "agent_entries", "chunked", "hour_key", "stored_hours"]
 
 _EVENT_TIME = operator.attrgetter("event_time")
 _HOUR_NUMBER = operator.attrgetter("hour")
@@ -121,6 +121,25 @@ def chunked(entries: list[HistoryEntry], limit: int) -> list[tuple[HistoryEntry,
     return [tuple(chunk) for chunk in chunks]
 
 
+Chunk = tuple[int, int]  # (hour, chunk index)
+
+
+def stored_hours(
+    entries: tuple[HistoryEntry, ...], limit: int
+) -> tuple[tuple[HourCounts, ...], dict[Chunk, HistoryHour]]:
+    """`entries` (sorted by event time) as stored: each hour's counts, ascending, and its chunks."""
+    by_hour: dict[int, list[HistoryEntry]] = {}
+    for entry in entries:  # sorted by event time, so each hour's list is too
+        by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
+    counts, chunks = [], {}
+    for hour, hour_entries in sorted(by_hour.items()):
+        pieces = chunked(hour_entries, limit)
+        chunks.update({(hour, index): HistoryHour(entries=piece) for index, piece in enumerate(pieces)})
+        met = sum(e.threshold_met for e in hour_entries)
+        counts.append(HourCounts(hour=hour, total=len(hour_entries), met=met, chunks=len(pieces)))
+    return tuple(counts), chunks
+
+
 @dataclass(frozen=True)
 class HistoryWrite:
     """A value for the summary or an hour key (None deletes it), to the partition the agent is read from."""
@@ -132,7 +151,6 @@ class HistoryWrite:
 
 SummaryLoader = Callable[[bytes], AgentHistory | None]
 HourLoader = Callable[[bytes], HistoryHour | None]
-Chunk = tuple[int, int]  # (hour, chunk index)
 
 
 class _Agent:
@@ -171,16 +189,17 @@ class _Agent:
             self._chunks[hour, index] = stored or HistoryHour()
         return self._chunks[hour, index]
 
-    def _counts(self, hour: int) -> HourCounts | None:
+    def _find(self, hour: int) -> tuple[int, HourCounts | None]:
+        """Where `hour` is (or would go) in the summary's hours, and its counts if it is there."""
         hours = self.summary.hours
         at = bisect.bisect_left(hours, hour, key=_HOUR_NUMBER)
-        return hours[at] if at < len(hours) and hours[at].hour == hour else None
+        return at, hours[at] if at < len(hours) and hours[at].hour == hour else None
 
     def between(
         self, hour: int, start: datetime, end: datetime | None, inclusive: bool = False
     ) -> list[tuple[HistoryEntry, ...]]:
         """Per chunk of `hour`, its entries with start <= event_time < end (<= end if `inclusive`)."""
-        counts = self._counts(hour)
+        _, counts = self._find(hour)
         chunks = range(counts.chunks if counts else 0)
         return [_between(self._chunk(hour, index).entries, start, end, inclusive) for index in chunks]
 
@@ -188,7 +207,7 @@ class _Agent:
         """Insert `entry` in its hour's last chunk (a new one if it would not fit), after the entries
         with the same or an earlier time, and count it."""
         hour = hour_of(entry.event_time)
-        counts = self._counts(hour)
+        place, counts = self._find(hour)
         index = counts.chunks - 1 if counts else 0
         entries = self._chunk(hour, index).entries
         if entries and chunk_bytes_bound((*entries, entry)) > self._chunk_bytes:
@@ -197,13 +216,12 @@ class _Agent:
         self._chunks[hour, index] = HistoryHour(entries=(*entries[:at], entry, *entries[at:]))
         self._changed.add((hour, index))
         hours = list(self.summary.hours)
-        at = bisect.bisect_left(hours, hour, key=_HOUR_NUMBER)
         if counts is not None:
-            hours[at] = HourCounts(
+            hours[place] = HourCounts(
                 hour=hour, total=counts.total + 1, met=counts.met + entry.threshold_met, chunks=index + 1
             )
         else:
-            hours.insert(at, HourCounts(hour=hour, total=1, met=int(entry.threshold_met)))
+            hours.insert(place, HourCounts(hour=hour, total=1, met=int(entry.threshold_met)))
         self.update(hours=tuple(hours))
 
     def update(self, **fields: object) -> None:
@@ -261,18 +279,9 @@ class _Agent:
 
     def _split_by_hour(self) -> None:
         entries = self.summary.entries
-        by_hour: dict[int, list[HistoryEntry]] = {}
-        for entry in entries:  # sorted by event time, so each hour's list is too
-            by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
-        counts = []
-        for hour, hour_entries in sorted(by_hour.items()):
-            chunks = chunked(hour_entries, self._chunk_bytes)
-            for index, chunk in enumerate(chunks):
-                self._chunks[hour, index] = HistoryHour(entries=chunk)
-                self._changed.add((hour, index))
-            met = sum(e.threshold_met for e in hour_entries)
-            counts.append(HourCounts(hour=hour, total=len(hour_entries), met=met, chunks=len(chunks)))
-        self.update(entries=(), hours=tuple(counts), newest=entries[-1].event_time)
+        counts, self._chunks = stored_hours(entries, self._chunk_bytes)
+        self._changed = set(self._chunks)
+        self.update(entries=(), hours=counts, newest=entries[-1].event_time)
 
 
 def agent_entries(summary: AgentHistory, load_hour: HourLoader, since: datetime) -> Iterator[HistoryEntry]:
