@@ -128,6 +128,14 @@ class Deployment:
         for worker in self.workers:
             worker.stop()
 
+    def replace_worker(self, worker: WorkerProcess) -> WorkerProcess:
+        """Stop `worker` with SIGTERM, which must exit 0 (its batch finishes, offsets and changelog are
+        committed), close Tansu's changelog gaps (else the successor may restore older state), and start
+        the successor, which restores the tables from the changelog."""
+        assert worker.stop() == 0
+        self.close_changelog_gaps()
+        return self.start_worker()
+
     def produce(self, events: list[dict[str, Any]] | list[bytes], key: bytes | None = None) -> None:
         records = [
             (
