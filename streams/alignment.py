@@ -75,16 +75,12 @@ class InternalBacklog:
         self.high = high
         self.metrics = metrics
         self.written = written  # Service.internal_ends: how far this worker wrote each partition
-        self.holding = False
 
-    def hold(self, consumer: Any) -> bool:
+    def hold(self, consumer: Any, held: bool) -> bool:
+        """Whether to hold input back now, given whether it is held already."""
         unread = unread_records(consumer, self.topics, self.written)
         self.metrics.internal_backlog.set(unread)
-        if unread > self.high:
-            self.holding = True
-        elif unread <= self.high // 2:
-            self.holding = False
-        return self.holding
+        return unread > self.high or (held and unread > self.high // 2)
 
 
 class InputAlignment:
@@ -184,7 +180,7 @@ class InputAlignment:
         """Ask the backlog gate; when it lets go, the time held counts as no partition's idle time."""
         if self.backlog is None:
             return False
-        holding = self.backlog.hold(consumer)
+        holding = self.backlog.hold(consumer, held=self._held_since is not None)
         if holding and self._held_since is None:
             self._held_since = now
             self.metrics.input_holds.inc()
