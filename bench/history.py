@@ -1,10 +1,14 @@
-"""Agent-history cost per LLM response through stage 2, for an agent with 100, 10k and 100k retained entries.
+"""Agent-history cost per LLM response through stage 2: by retained entries, and by responses per hour.
 
 Issue 10: a write must cost the agent's current hour, not its whole retained week. Each response is
 one batch, as at low load (the dearest case: nothing shared between responses). Table values are kept
 as JSON bytes and decoded on load, and every write is encoded, as the worker's tables do. The baseline,
 measured in the same run, is encoding the same agent's entries as one value: the layout before
 (one key per agent), which every response rewrote.
+
+The second table is one busy agent name: its current hour already holds all but the last 500 of 720,
+7,200 or 72,000 responses (one every 5 s, 0.5 s, 50 ms), and the last 500 are timed. A response must not
+cost the number of responses before it in its hour (the seventeenth round's per-chunk counts).
 """
 
 from __future__ import annotations
@@ -34,20 +38,27 @@ EXAMPLE = orjson.loads((Path(__file__).parents[1] / "schemas/examples/LLM_RESPON
 SETTINGS = load_settings()
 
 
+def _entry(index: int, event_time: datetime) -> HistoryEntry:
+    return HistoryEntry(
+        event_id=str(uuid.UUID(int=index)),
+        event_time=event_time,
+        threshold_met=index % 3 != 0,
+        composite=0.7,
+        blocked=False,
+        history_score=0.6,
+    )
+
+
 def _entries(size: int) -> list[HistoryEntry]:
     """`size` responses spread evenly over the retention window, ending at T0."""
     span = timedelta(hours=SETTINGS.history_retention_hours) * 0.99
-    return [
-        HistoryEntry(
-            event_id=str(uuid.UUID(int=i)),
-            event_time=T0 - span + span * i / size,
-            threshold_met=i % 3 != 0,
-            composite=0.7,
-            blocked=False,
-            history_score=0.6,
-        )
-        for i in range(size)
-    ]
+    return [_entry(i, T0 - span + span * i / size) for i in range(size)]
+
+
+def _busy_hour(per_hour: int) -> tuple[list[HistoryEntry], timedelta]:
+    """The hour from T0 of an agent answering `per_hour` times an hour, but for its last RESPONSES."""
+    step = timedelta(hours=1) / per_hour
+    return [_entry(i, T0 + step * i) for i in range(per_hour - RESPONSES)], step
 
 
 def _stored(entries: list[HistoryEntry]) -> dict[HistoryTable, dict[bytes, bytes]]:
@@ -70,8 +81,8 @@ def _stored(entries: list[HistoryEntry]) -> dict[HistoryTable, dict[bytes, bytes
     }
 
 
-def _responses() -> list[bytes]:
-    """Stage 1's forwarded responses (logprobs replaced by their confidence), a few seconds apart after T0."""
+def _responses(first: datetime = T0, step: timedelta = timedelta(seconds=7)) -> list[bytes]:
+    """Stage 1's forwarded responses (logprobs replaced by their confidence), `step` apart from `first`."""
     configs = scoring_configs(SETTINGS)
     stage = TraceStage(SETTINGS, configs, metrics.create(CollectorRegistry()))
     forwarded = []
@@ -79,15 +90,15 @@ def _responses() -> list[bytes]:
         event = {
             **EXAMPLE,
             "event_id": str(uuid.uuid4()),
-            "timestamp": (T0 + timedelta(seconds=7 * i)).isoformat(),
+            "timestamp": (first + step * i).isoformat(),
         }
         out, _ = stage.process([InputRecord("in", 0, i, 1.0, orjson.dumps(event))], lambda k: None)
         forwarded.append(next(r.value for r in out if r.topic == SETTINGS.responses_topic))
     return forwarded
 
 
-def _per_response_us(size: int, forwarded: list[bytes]) -> tuple[float, float, int]:
-    tables = _stored(_entries(size))
+def _per_response_us(entries: list[HistoryEntry], forwarded: list[bytes]) -> tuple[float, float, int]:
+    tables = _stored(entries)
     stage = AgentStage(SETTINGS, scoring_configs(SETTINGS), metrics.create(CollectorRegistry()))
     # As the worker reads its tables: a model written by an earlier batch is kept beside its bytes and
     # not decoded again; the stored week is decoded on first use.
@@ -142,7 +153,7 @@ def main() -> None:
         table.add_column(column, justify="right")
     base = None
     for size in (100, 10_000, 100_000):
-        median, p99, written = _per_response_us(size, forwarded)
+        median, p99, written = _per_response_us(_entries(size), forwarded)
         before = _one_value_us(size)
         base = base or median
         table.add_row(
@@ -155,6 +166,16 @@ def main() -> None:
             f"{median / before:.3f}",
         )
     Console().print(table)
+    busy = Table(title=f"one busy agent: stage 2 cost of the last {RESPONSES} responses of its hour")
+    for column in ("responses in the hour", "median us", "p99 us", "bytes written per response", "x 720"):
+        busy.add_column(column, justify="right")
+    base = None
+    for per_hour in (720, 7_200, 72_000):
+        entries, step = _busy_hour(per_hour)
+        median, p99, written = _per_response_us(entries, _responses(T0 + step * len(entries), step))
+        base = base or median
+        busy.add_row(f"{per_hour:,}", f"{median:.0f}", f"{p99:.0f}", f"{written:,}", f"{median / base:.2f}")
+    Console().print(busy)
 
 
 if __name__ == "__main__":

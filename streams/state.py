@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import zlib
 from datetime import datetime
+from functools import cached_property
 from typing import Literal
 
 import orjson
@@ -174,6 +175,12 @@ class HistoryHour(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     entries: tuple[HistoryEntry, ...] = Field((), description="Sorted by event time (stage 2 bisects).")
+
+    @cached_property
+    def met(self) -> int:
+        """How many entries met their threshold: counted once per value (a chunk is never copied with
+        new entries, which would carry this cached count over), so a window counts a whole chunk in O(1)."""
+        return sum(entry.threshold_met for entry in self.entries)
 
 
 class ClaimMessage(BaseModel):

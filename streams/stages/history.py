@@ -69,15 +69,36 @@ def hour_key(tenant_id: str, agent_name: str, hour: int, chunk: int = 0) -> byte
     return orjson.dumps([tenant_id, agent_name, hour] if chunk == 0 else [tenant_id, agent_name, hour, chunk])
 
 
+def _bounds(
+    entries: tuple[HistoryEntry, ...], start: datetime, end: datetime | None, inclusive: bool = False
+) -> tuple[int, int]:
+    """Where the entries (sorted by event time) with start <= event_time < end (<= end if `inclusive`)
+    begin and end."""
+    if not entries:
+        return 0, 0
+
+    def before_end(moment: datetime) -> bool:
+        return end is None or moment < end or (inclusive and moment == end)
+
+    # A busy hour has many chunks and a window cuts few of them: most are inside or outside whole.
+    first, last = entries[0].event_time, entries[-1].event_time
+    if first >= start and before_end(last):
+        return 0, len(entries)
+    if last < start or not before_end(first):
+        return 0, 0
+    low = bisect.bisect_left(entries, start, key=_EVENT_TIME)
+    if end is None:
+        return low, len(entries)
+    bound = bisect.bisect_right if inclusive else bisect.bisect_left
+    return low, bound(entries, end, lo=low, key=_EVENT_TIME)
+
+
 def _between(
     entries: tuple[HistoryEntry, ...], start: datetime, end: datetime | None, inclusive: bool = False
 ) -> tuple[HistoryEntry, ...]:
     """The entries (sorted by event time) with start <= event_time < end (<= end if `inclusive`)."""
-    low = bisect.bisect_left(entries, start, key=_EVENT_TIME)
-    if end is None:
-        return entries[low:]
-    bound = bisect.bisect_right if inclusive else bisect.bisect_left
-    return entries[low : bound(entries, end, lo=low, key=_EVENT_TIME)]
+    low, high = _bounds(entries, start, end, inclusive)
+    return entries[low:high]
 
 
 # What an entry adds to a stored chunk besides its id's escaped characters, at most: the entry encoded
@@ -257,9 +278,13 @@ class _Agent:
                 continue
             if hour >= whole_from and (end_hour is None or hour < end_hour):
                 total, met = total + counts.total, met + counts.met
-            else:  # the window cuts this hour: count its entries
-                for inside in self.between(hour, start, end):
-                    total, met = total + len(inside), met + sum(e.threshold_met for e in inside)
+            else:  # the window cuts this hour: whole chunks by their counts, entries where it cuts one
+                for index in range(counts.chunks):
+                    entries = (chunk := self._chunk(hour, index)).entries
+                    low, high = _bounds(entries, start, end)
+                    whole = low == 0 and high == len(entries)
+                    total += high - low
+                    met += chunk.met if whole else sum(e.threshold_met for e in entries[low:high])
         return total, met
 
     def writes(self, partition: int) -> dict[bytes, HistoryWrite]:
