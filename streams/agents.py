@@ -10,19 +10,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 import faust
+from faust.tables.recovery import Recovery
 from pydantic import BaseModel
 
 from streams.alignment import attach_input_alignment
-from streams.app import Service
+from streams.app import Service, SourcePartitionedTable
 from streams.batch_runner import BatchRunner
 from streams.decoded_states import ClaimFacts, DecodedStates
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
 from streams.stages.calibration import CalibrationWrite, Table, hour_key
 from streams.stages.claims import ClaimWrite
+from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite
 from streams.state import (
     AgentHistory,
@@ -33,7 +36,7 @@ from streams.state import (
     TraceState,
 )
 
-__all__ = ["attach_agents"]
+__all__ = ["attach_agents", "owned"]
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +153,13 @@ def attach_agents(svc: Service) -> ClaimFacts:
     @app.timer(interval=settings.sweep_interval_seconds)
     async def sweep_expired_state() -> None:
         """Drop traces idle past their TTL and claims past theirs (event time, this worker's partitions)."""
+        recovery: Recovery = app.tables.recovery  # type: ignore[attr-defined]
+        if svc.health.fatal is not None or app.rebalancing or not recovery.completed.is_set():
+            return  # partitions are moving or the worker is stopping: the next tick sweeps what it owns
         started = time.perf_counter()
         expired_traces = [
             (key, state.partition)
-            for key, state in traces.due(svc.trace_stage.clock.passed)
+            for key, state in traces.due(owned(recovery, svc.traces, svc.trace_stage.clock))
             if svc.trace_stage.expired(state)
         ]
         for key, partition in expired_traces:
@@ -161,14 +167,14 @@ def attach_agents(svc: Service) -> ClaimFacts:
             traces.forget(key)
         expired_claims = [
             key
-            for key, node in claims.due(svc.claim_stage.clock.passed)
+            for key, node in claims.due(owned(recovery, svc.claims, svc.claim_stage.clock))
             if svc.claim_stage.expired(key, node)
         ]
         for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
             claim_facts.forget(key)
-        unmatched = _sweep_calibration(svc, calibration_states)
+        unmatched = _sweep_calibration(svc, calibration_states, recovery)
         m = svc.metrics
         m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
         m.table_keys.labels("traces").set(len(svc.traces))
@@ -209,12 +215,23 @@ def _writer(
     return write
 
 
-def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) -> int:
+def owned(
+    recovery: Recovery, table: SourcePartitionedTable, clock: ExpiryClock
+) -> Callable[[int, datetime], bool]:
+    """When the sweep may look at a key of `table`: its partition's event time passed the key's moment,
+    and the partition is one this worker owns now. The store also holds standby copies of other
+    workers' partitions (and a partition this worker had before keeps its old clock here): their
+    owners write those changelog partitions, never this worker."""
+    active = {tp.partition for tp in recovery.actives_for_table.get(table, ())}
+    return lambda partition, moment: partition in active and clock.passed(partition, moment)
+
+
+def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]], recovery: Recovery) -> int:
     """Expire scores past the join window, unmatched outcomes and idle groups; return the unmatched."""
     stage = svc.calibration_stage
     unmatched = 0
     subjects = states["subjects"]
-    for key, entry in subjects.due(stage.clock.passed):
+    for key, entry in subjects.due(owned(recovery, svc.calibration_subjects, stage.clock)):
         kept, dropped = stage.sweep_subject(key, entry)
         unmatched += dropped
         if kept is None:
@@ -223,7 +240,7 @@ def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]]) ->
         elif kept is not entry:
             svc.calibration_subjects.set_from(key, subjects.encode(key, kept), stage.partition_of(key))
     svc.metrics.outcomes_unmatched.inc(unmatched)
-    for key, group in states["groups"].due(stage.clock.passed):
+    for key, group in states["groups"].due(owned(recovery, svc.calibration_groups, stage.clock)):
         if stage.group_expired(key, group):
             partition = stage.partition_of(key)
             for hour in group.hours:

@@ -76,10 +76,21 @@ class SourcePartitionedTable(AckedTable):
         try:
             if value is None:
                 self.pop(key, None)
+                self._key_partitions.pop(key, None)
             else:
                 self[key] = value
+                self._key_partitions[key] = partition
         finally:
             self._source_partitions.pop(key, None)
+
+    @property
+    def _key_partitions(self) -> dict[Any, int]:
+        """Faust's memory store's key -> partition map. The store fills it only for keys it restores,
+        and after a rebalance drops the keys of partitions this worker no longer has
+        (`on_recovery_completed`); keys written here must be in it too, or they stay behind: a sweep
+        would then write to another worker's partitions, and a partition coming back would keep keys
+        its new owner deleted (README "Guarantees")."""
+        return self.data._key_partition  # type: ignore[attr-defined,no-any-return]
 
     def partition_for_key(self, key: Any) -> int | None:
         return self._source_partitions.get(key)

@@ -37,7 +37,14 @@ EXIT_BATCH_FAILED = 70  # EX_SOFTWARE: a batch could not be completed; nothing o
 
 def _records(events: Sequence[faust.EventT[bytes]], bundled: bool) -> list[InputRecord]:
     records = [
-        InputRecord(e.message.topic, e.message.partition, e.message.offset, e.message.timestamp, e.value)
+        InputRecord(
+            e.message.topic,
+            e.message.partition,
+            e.message.offset,
+            e.message.timestamp,
+            e.value,
+            e.message.key,
+        )
         for e in events
     ]
     return [one for record in records for one in unbundle(record)] if bundled else records
@@ -120,6 +127,7 @@ class BatchRunner:
         self.internal_topics = frozenset(settings.internal_topics)
         self.max_bundle_bytes = settings.producer_max_batch_bytes
         self._in_flight: list[_InFlight] = []  # oldest first; finished ones are dropped as new ones start
+        self._unstarted: _Prepared | None = None  # processed, its state in the tables, waiting for a slot
 
     async def run(
         self,
@@ -134,12 +142,13 @@ class BatchRunner:
                 if self.svc.health.fatal is not None:
                     await _hold_unacknowledged()  # another agent failed: acknowledge nothing more
                 try:
-                    prepared = self._prepare(events, process, write)
+                    prepared = self._unstarted = self._prepare(events, process, write)
                 except Exception as exc:  # a bug outside the per-record guard: never ack, stop
                     stop_worker(self.svc, f"{self.agent} failed a batch of {len(events)}: {exc!r}")
                     await _hold_unacknowledged()
                 while len(waiting := self._waiting()) >= self.IN_FLIGHT:
                     await waiting[0].task
+                self._unstarted = None
                 self._start(prepared, stream)
         except Exception as exc:
             # Faust's own stream machinery failed. A restarted agent would resume after records nobody
@@ -154,9 +163,17 @@ class BatchRunner:
 
     def send_table_changes(self) -> None:
         """Send what was written to this runner's tables outside a batch (the sweep), after the batches
-        in flight and before the next: a batch prepared later may write the same keys again."""
+        in flight and before the next: a batch prepared later may write the same keys again. A batch
+        already processed but waiting for a slot wrote before the sweep did: its changelog takes the
+        sweep's records after its own, so the changelog keeps the order the tables saw."""
+        if self.svc.health.fatal is not None:
+            return  # a batch failed: nothing more is stored (what it wrote in memory included)
         changelog = [record for table in self.tables for record in table.take_changelog()]
-        if changelog:
+        if not changelog:
+            return
+        if self._unstarted is not None:
+            self._unstarted.changelog.extend(changelog)
+        else:
             self._start(_Prepared(0, (), [], changelog, 0.0), None)
 
     def _waiting(self) -> list[_InFlight]:

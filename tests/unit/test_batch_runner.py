@@ -33,6 +33,7 @@ class _Message:
     partition: int
     offset: int
     timestamp: float
+    key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class _Sender:
     """Records each send as (what, batch) and hands back one future the test resolves."""
 
     sent: list[tuple[str, str]] = field(default_factory=list)
+    values: dict[tuple[str, str], list[bytes]] = field(default_factory=dict)  # each send's values
     pending: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
     where: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
 
@@ -72,6 +74,7 @@ class _Sender:
         first = records[0].value or b""
         label = ("changelog" if first.startswith(b"state") else "outputs", first.decode().split("-")[1])
         self.sent.append(label)
+        self.values[label] = [r.value or b"" for r in records]
         self.where[label] = (records[0].topic, records[0].partition or 0)
         future = asyncio.get_running_loop().create_future()
         self.pending[label] = future
@@ -248,6 +251,38 @@ async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits
         sender.ack("changelog", "sweep")
         await _settle()
         assert stream.acked == [10, 11, 20, 21] and svc.health.fatal is None
+
+
+async def test_a_sweep_while_a_processed_batch_waits_for_a_slot_goes_after_that_batch(
+    exits: list[str],
+) -> None:
+    """Batch 3 wrote its state in memory and waits (two batches in flight); a sweep then changes the
+    same key. The changelog must get batch 3's value first and the sweep's after it, as memory did."""
+    async with _running(batches=3) as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
+        assert rig.processed == ["1", "2", "3"] and sender.sent == [("outputs", "1")]
+        rig.table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+        rig.runner.send_table_changes()
+        await _settle()
+        for step in [("outputs", 1), ("outputs", 2), ("changelog", 1), ("outputs", 3), ("changelog", 2)]:
+            sender.ack(*step)
+            await _settle()
+        assert sender.sent[-1] == ("changelog", "3")
+        assert sender.values["changelog", "3"] == [b"state-3", b"state-sweep"]
+        sender.ack("changelog", 3)
+        await _settle()
+        assert stream.acked == [10, 11, 20, 21, 30, 31] and svc.health.fatal is None
+
+
+async def test_after_a_failed_batch_the_sweep_stores_nothing(exits: list[str]) -> None:
+    async with _running(batches=1) as rig:
+        rig.sender.fail("outputs", 1)
+        await _settle()
+        assert rig.svc.health.fatal is not None
+        rig.table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+        rig.runner.send_table_changes()
+        await _settle()
+        assert rig.sender.sent == [("outputs", "1")]
 
 
 async def test_how_far_the_worker_wrote_each_internal_partition_is_noted_on_the_ack(exits: list[str]) -> None:
