@@ -192,7 +192,7 @@ def format_dead_letter(record: Consumed) -> Text:
         f"{h.get('__connect.errors.topic', '?')}[{h.get('__connect.errors.partition', '?')}]"
         f"@{h.get('__connect.errors.offset', '?')}"
     )
-    line.append(f" from={source}")  # the DLQ record has no key (README "Topics")
+    line.append(f" from={source}")  # the DLQ record's key is the bad record's, often missing
     line.append(f" error={h.get('__connect.errors.exception.message', '')}")
     return line
 

@@ -52,6 +52,7 @@ class InputRecord:
     offset: int
     timestamp: float  # producer timestamp, epoch seconds
     value: bytes | None
+    key: bytes | None = None  # as produced; a dead letter keeps it (Kafka Connect's DLQ does the same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class Record:
     """One record to produce."""
 
     topic: str
-    key: bytes
+    key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]] | None = None
     partition: int | None = None  # None: Kafka's default partitioner on the key
@@ -205,7 +206,7 @@ class Outputs:
         self.records.append(
             Record(
                 self.settings.dlq_topic,
-                b"",
+                record.key,
                 strip_logprobs(letter.raw, self.settings.max_event_bytes),
                 connect_headers(letter, record.topic, record.partition, record.offset),
             )

@@ -108,6 +108,7 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
         ]
     )
     for r in dead:
+        assert r.key == b"tr-1"  # the bad record's own key, as Kafka Connect's DLQ keeps it
         headers = dict(r.headers)
         assert headers["__connect.errors.topic"].decode() == s.input_topic_names[0]
         assert int(headers["__connect.errors.partition"]) >= 0
