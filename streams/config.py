@@ -7,6 +7,7 @@ process at start-up with pydantic's message naming the variable.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
@@ -43,7 +44,11 @@ class Settings(BaseSettings):
     input_retention_ms: int = Field(
         3_600_000, ge=60_000, description="Retention of the input topic: raw logprobs live there."
     )
-    web_host: str = "0.0.0.0"
+    # Faust's default: the name other workers reach this one's views at (its canonical URL). The web
+    # server binds every interface whatever this says; 0.0.0.0 here made every worker advertise one URL.
+    web_host: str = Field(
+        default_factory=socket.gethostname, description="Host name other workers reach this worker at."
+    )
     web_port: int = Field(6066, ge=0, le=65535)
     data_dir: str = "./confidence-streams-data"
     batch_size: int = Field(500, ge=1, le=100_000, description="Max events per agent batch.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import shlex
+import socket
 
 import pytest
 import yaml
@@ -89,11 +91,18 @@ def test_scoring_imports_no_kafka_faust_or_network() -> None:
                 assert name.split(".")[0] in allowed_roots, f"{path.name} imports {name}"
 
 
+def _cli_command(command: list[str]) -> list[str]:
+    """The command a service runs, with `sh -c "... exec confidence-streams ..."` unwrapped."""
+    if command[:2] == ["sh", "-c"] and "exec " in command[2]:
+        return shlex.split(command[2].split("exec ", 1)[1])
+    return command
+
+
 def test_docker_compose_runs_only_existing_cli_commands() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     assert services["kafka"]["image"].startswith("apache/kafka")
-    commands = [s["command"] for s in services.values() if isinstance(s.get("command"), list)]
+    commands = [_cli_command(s["command"]) for s in services.values() if isinstance(s.get("command"), list)]
     cli_commands = [c for c in commands if c and c[0] == "confidence-streams"]
     assert len(cli_commands) >= 2
     for command in cli_commands:
@@ -109,3 +118,22 @@ def test_docker_compose_worker_health_uses_readyz_and_restarts_on_failure() -> N
     worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
     assert "/readyz" in " ".join(worker["healthcheck"]["test"])
     assert worker["restart"] == "on-failure"  # exit 70 after a failed batch: a restart re-reads it
+
+
+def test_each_compose_replica_advertises_its_own_address_for_view_routing() -> None:
+    """Faust routes a view to the URL its owner advertises (`WEB_HOST`); replicas sharing one value
+    (it was 0.0.0.0) each answered every view themselves, missing the keys the other owned."""
+    worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
+    assert worker["deploy"]["replicas"] > 1
+    assert "WEB_HOST" not in worker.get("environment", {})  # one value would be every replica's
+    assert worker["command"][:2] == ["sh", "-c"]
+    assert "WEB_HOST=$$(hostname -i) exec confidence-streams worker" in worker["command"][2]
+
+
+def test_web_host_defaults_to_this_machine_as_faust_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WEB_HOST", raising=False)
+    from streams.app import create_app
+
+    settings = load_settings()
+    assert settings.web_host == socket.gethostname()
+    assert create_app(settings).app.conf.canonical_url.host == socket.gethostname().lower()
