@@ -30,7 +30,7 @@ from streams.config import load_settings, scoring_configs
 from streams.decoded_states import DecodedStates
 from streams.stages import AgentStage, InputRecord, TraceStage
 from streams.stages.history import HistoryTable, hour_key, stored_hours
-from streams.state import AgentHistory, HistoryEntry, HistoryHour, table_key
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, encode_history_hour, table_key
 
 T0 = datetime(2026, 11, 22, tzinfo=UTC)
 RESPONSES = 500
@@ -104,7 +104,7 @@ def _per_response_us(entries: list[HistoryEntry], forwarded: list[bytes]) -> tup
     # not decoded again; the stored week is decoded on first use.
     states: dict[HistoryTable, DecodedStates[Any]] = {
         "summary": DecodedStates(tables["summary"], AgentHistory),  # type: ignore[arg-type]
-        "hours": DecodedStates(tables["hours"], HistoryHour),  # type: ignore[arg-type]
+        "hours": DecodedStates(tables["hours"], HistoryHour, encoder=encode_history_hour),  # type: ignore[arg-type]
     }
     samples, written = [], 0
     for offset, value in enumerate(forwarded):

@@ -33,7 +33,15 @@ from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord
 from streams.stages.calibration import CalibrationWrite
 from streams.stages.common import bundle, unbundle
 from streams.stages.history import HistoryWrite
-from streams.state import AgentHistory, GroupCalibration, HistoryHour, HourBucket, SubjectEntry, TraceState
+from streams.state import (
+    AgentHistory,
+    GroupCalibration,
+    HistoryHour,
+    HourBucket,
+    SubjectEntry,
+    TraceState,
+    encode_history_hour,
+)
 
 BATCH = 100
 RUNS = 5
@@ -53,7 +61,7 @@ class _Pipeline:
         self.traces: DecodedStates[TraceState] = DecodedStates({}, TraceState)  # type: ignore[arg-type]
         self.histories: dict[str, DecodedStates[Any]] = {
             "summary": DecodedStates({}, AgentHistory),  # type: ignore[arg-type]
-            "hours": DecodedStates({}, HistoryHour),  # type: ignore[arg-type]
+            "hours": DecodedStates({}, HistoryHour, encoder=encode_history_hour),  # type: ignore[arg-type]
         }
         self.claim_nodes: DecodedStates[ClaimNode] = DecodedStates({}, ClaimNode)  # type: ignore[arg-type]
         self.claim_facts = ClaimFacts(self.claim_nodes, configs.claims)

@@ -34,6 +34,7 @@ from streams.state import (
     HourBucket,
     SubjectEntry,
     TraceState,
+    encode_history_hour,
 )
 
 __all__ = ["attach_agents", "owned"]
@@ -51,7 +52,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
     traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
     histories: dict[str, DecodedStates[Any]] = {
         "summary": DecodedStates(svc.agents_history, AgentHistory),
-        "hours": DecodedStates(svc.agent_history_hours, HistoryHour),
+        "hours": DecodedStates(svc.agent_history_hours, HistoryHour, encoder=encode_history_hour),
     }
     claims = DecodedStates(svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after)
     claim_facts = ClaimFacts(claims, svc.configs.claims)

@@ -23,6 +23,10 @@ M = TypeVar("M", bound=BaseModel)
 SweepAfter = Callable[[bytes, M], tuple[int, datetime] | None]
 
 
+def _encode_json(value: BaseModel) -> bytes:
+    return value.model_dump_json().encode()
+
+
 class DecodedStates(Generic[M]):
     """A table's values as models: decoded once, reused while the table still holds the same bytes.
 
@@ -45,9 +49,11 @@ class DecodedStates(Generic[M]):
         model: type[M],
         max_entries: int = 1024,
         sweep_after: SweepAfter[M] | None = None,
+        encoder: Callable[[M], bytes] | None = None,
     ) -> None:
         self.table = table
         self.model = model
+        self.encoder = encoder or _encode_json
         self.max_entries = max_entries
         self.sweep_after = sweep_after
         self._decoded: OrderedDict[bytes, tuple[bytes, M]] = OrderedDict()
@@ -83,7 +89,7 @@ class DecodedStates(Generic[M]):
 
     def measure(self, key: bytes, value: M) -> int:
         """Size of `value` encoded; the encoding is kept in case `value` is the one written next."""
-        raw = value.model_dump_json().encode()
+        raw = self.encoder(value)
         self._measured[key] = (value, raw)
         if len(self._measured) > 64:  # values measured but never written (rejected inputs)
             self._measured.clear()
@@ -92,9 +98,7 @@ class DecodedStates(Generic[M]):
     def encode(self, key: bytes, value: M) -> bytes:
         """The bytes to write for `value` (remembered with it, so the next load skips decoding)."""
         measured = self._measured.pop(key, None)
-        raw = (
-            measured[1] if measured is not None and measured[0] is value else value.model_dump_json().encode()
-        )
+        raw = measured[1] if measured is not None and measured[0] is value else self.encoder(value)
         self._remember(key, raw, value)
         if self.sweep_after is not None:
             self._note_due(key, raw, value)

@@ -33,6 +33,7 @@ __all__ = [
     "SubCallRecord",
     "SubjectEntry",
     "TraceState",
+    "encode_history_hour",
     "remembered_outputs",
     "remembering",
     "table_key",
@@ -128,6 +129,12 @@ class HistoryEntry(BaseModel):
     blocked: bool
     history_score: float = Field(description="The history factor this response was scored with.")
 
+    @cached_property
+    def encoded(self) -> bytes:
+        """This entry as JSON, encoded once: a chunk is rewritten on every response of its hour, and
+        its entries do not change (`encode_history_hour`)."""
+        return self.model_dump_json().encode()
+
 
 class HourCounts(BaseModel):
     """How many responses an agent had in one hour of event time, and how many met their threshold."""
@@ -181,6 +188,12 @@ class HistoryHour(BaseModel):
         """How many entries met their threshold: counted once per value (a chunk is never copied with
         new entries, which would carry this cached count over), so a window counts a whole chunk in O(1)."""
         return sum(entry.threshold_met for entry in self.entries)
+
+
+def encode_history_hour(hour: HistoryHour) -> bytes:
+    """`hour.model_dump_json()`, byte for byte, from its entries' cached encodings: a busy agent's
+    chunk of up to HISTORY_CHUNK_BYTES was encoded whole on every response, half of its stage-2 time."""
+    return b'{"entries":[' + b",".join([entry.encoded for entry in hour.entries]) + b"]}"
 
 
 class ClaimMessage(BaseModel):

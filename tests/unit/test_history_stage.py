@@ -25,7 +25,7 @@ from streams.config import Settings, load_settings, scoring_configs
 from streams.scoring import composite
 from streams.stages import AgentStage, InputRecord, TraceStage
 from streams.stages.history import HistoryWrite, agent_entries, chunk_bytes_bound, chunked, hour_key, hour_of
-from streams.state import AgentHistory, HistoryEntry, HistoryHour, table_key
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, encode_history_hour, table_key
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
@@ -292,3 +292,16 @@ def test_chunks_are_bounded_in_order_and_full(entries: list[HistoryEntry], limit
         assert len(chunk) == 1 or bound <= limit
         if at + 1 < len(chunks):  # a chunk is cut only where the next entry would not fit
             assert chunk_bytes_bound((*chunk, chunks[at + 1][0])) > limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=_ENTRIES, first=st.integers(0, 40))
+def test_a_chunk_encoded_from_its_entries_is_what_pydantic_writes(
+    entries: list[HistoryEntry], first: int
+) -> None:
+    """The stored bytes must not change with the encoder: the changelog, the views and an older worker
+    read them. Part of the entries are encoded (and cached) before the chunk, as after a response."""
+    for entry in entries[:first]:
+        assert entry.encoded == entry.model_dump_json().encode()
+    hour = HistoryHour(entries=tuple(entries))
+    assert encode_history_hour(hour) == hour.model_dump_json().encode()
