@@ -37,7 +37,7 @@ from streams.state import (
     encode_history_hour,
 )
 
-__all__ = ["attach_agents", "owned"]
+__all__ = ["active_partitions", "attach_agents", "owned"]
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +178,16 @@ def attach_agents(svc: Service) -> ClaimFacts:
         unmatched = _sweep_calibration(svc, calibration_states, recovery)
         m = svc.metrics
         m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
-        m.table_keys.labels("traces").set(len(svc.traces))
-        m.table_keys.labels("agent-history").set(len(svc.agents_history))
-        m.table_keys.labels("agent-history-hours").set(len(svc.agent_history_hours))
-        m.table_keys.labels("claims").set(len(svc.claims))
-        m.table_keys.labels("calibration-subjects").set(len(svc.calibration_subjects))
-        m.table_keys.labels("calibration-groups").set(len(svc.calibration_groups))
-        m.table_keys.labels("calibration-hours").set(len(svc.calibration_hours))
+        for label, table in (
+            ("traces", svc.traces),
+            ("agent-history", svc.agents_history),
+            ("agent-history-hours", svc.agent_history_hours),
+            ("claims", svc.claims),
+            ("calibration-subjects", svc.calibration_subjects),
+            ("calibration-groups", svc.calibration_groups),
+            ("calibration-hours", svc.calibration_hours),
+        ):  # this worker's partitions: not the standby copies its store also holds
+            m.table_keys.labels(label).set(table.keys_on(active_partitions(recovery, table)))
         if expired_traces or expired_claims:
             log.info(
                 "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
@@ -223,8 +226,13 @@ def owned(
     and the partition is one this worker owns now. The store also holds standby copies of other
     workers' partitions (and a partition this worker had before keeps its old clock here): their
     owners write those changelog partitions, never this worker."""
-    active = {tp.partition for tp in recovery.actives_for_table.get(table, ())}
+    active = active_partitions(recovery, table)
     return lambda partition, moment: partition in active and clock.passed(partition, moment)
+
+
+def active_partitions(recovery: Recovery, table: SourcePartitionedTable) -> set[int]:
+    """The partitions of `table` this worker owns now (Faust's assignment; not its standby copies)."""
+    return {tp.partition for tp in recovery.actives_for_table.get(table, ())}
 
 
 def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]], recovery: Recovery) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,10 @@ class SourcePartitionedTable(AckedTable):
 
     def partition_for_key(self, key: Any) -> int | None:
         return self._source_partitions.get(key)
+
+    def keys_on(self, partitions: Collection[int]) -> int:
+        """How many keys the store holds on `partitions` (one pass over its keys)."""
+        return sum(partition in partitions for partition in self._key_partitions.values())
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,12 @@ def test_the_sweep_looks_only_at_partitions_this_worker_owns_now() -> None:
     earlier = datetime(2026, 11, 20, 11, tzinfo=UTC)
     assert due(1, earlier) and not due(0, earlier)
     assert not owned(recovery, svc.claims, clock)(1, earlier)  # type: ignore[arg-type]  # no claims partition
+
+
+def test_a_table_counts_its_keys_on_the_partitions_asked_for() -> None:
+    svc = create_app(load_settings(topic_partitions=4))
+    table = svc.claims
+    for key, partition in ((b"a", 0), (b"b", 1), (b"c", 1), (b"d", 3)):
+        table.set_from(key, b"{}", partition)
+    table.set_from(b"c", None, 1)
+    assert (table.keys_on({1}), table.keys_on({0, 3}), table.keys_on(set())) == (1, 2, 0)
