@@ -76,7 +76,10 @@ def calculate_confidence(
     else:
         # Dividing first keeps the sum finite for extreme (but valid) values such as -1e308.
         n = len(valid)
-        m = math.fsum([v / n for v in valid]) if -math.inf not in valid else -math.inf
+        try:
+            m = math.fsum([v / n for v in valid]) if -math.inf not in valid else -math.inf
+        except OverflowError:  # the quotients' exact sum is below -DBL_MAX (all are <= 0): the seed's
+            m = -math.inf  # own sum is -inf there, and exp of it 0
     confidence = max(0.0, min(1.0, math.exp(m)))
     return round(confidence, precision)
 

@@ -34,6 +34,8 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
         f.response(
             "tr-4", token_logprobs=[LEAK_A, LEAK_B, None, float("nan"), float("inf"), 0.5, 5e-7], **STRONG
         ),
+        # Valid but extreme: the mean is below the smallest float (it raised in the scorer once).
+        f.response("tr-5", token_logprobs=[-1.7976931348623157e308] * 3, **STRONG),
     ]
     bad_event = f.response("tr-bad")
     bad = [
@@ -48,7 +50,7 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
     # Bad records interleaved with valid ones on the same partition: the valid ones must all be scored.
     deployment.produce([good[0], good[1]])
     deployment.produce(bad[:3], key=b"tr-1")
-    deployment.produce([good[2], good[3]])
+    deployment.produce([good[2], good[3], good[4]])
     deployment.produce(bad[3:], key=b"tr-1")
     deployment.produce([after])
     ids = {e["event_id"] for e in [*good, after]}
@@ -90,6 +92,8 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
     assert mixed["confidence"] == round(math.exp((LEAK_A + LEAK_B + 0.0) / 3), 3)
 
     assert scored[after["event_id"]]["confidence"] == 0.951
+    extreme = scored[good[4]["event_id"]]
+    assert extreme["confidence"] == 0.0 and extreme["action"] == "flag"
 
     flagged = [o for o in deployment.outputs(records, s.flagged_topic) if o["source_event_id"] in ids]
     assert {o["source_event_id"] for o in flagged} >= {good[1]["event_id"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 from hypothesis import given
@@ -84,6 +85,14 @@ def test_range_and_idempotence(values: list[float | None], aggregation: str) -> 
     first = calculate_confidence(values, aggregation, 3)  # type: ignore[arg-type]
     assert first is None or 0.0 <= first <= 1.0
     assert calculate_confidence(values, aggregation, 3) == first  # type: ignore[arg-type]
+
+
+def test_an_average_below_the_smallest_float_is_confidence_zero() -> None:
+    """Found by the property above (a valid response, not a bad one): three logprobs of -DBL_MAX,
+    each divided by 3 and rounded up in magnitude, sum exactly to below -DBL_MAX, and math.fsum raised
+    OverflowError, which dead-lettered the response. Seed 003's sum gives -inf, so confidence 0."""
+    assert calculate_confidence([-sys.float_info.max] * 3, "average", 3) == 0.0
+    assert calculate_confidence([-sys.float_info.max, -sys.float_info.max / 2], "average", 3) == 0.0
 
 
 @given(st.lists(st.floats(min_value=-50, max_value=0), min_size=1, max_size=60))
