@@ -115,10 +115,11 @@ class Deployment:
     workers: list[WorkerProcess] = field(default_factory=list)
     web_ports: list[int] = field(default_factory=list)
 
-    def start_worker(self) -> WorkerProcess:
-        port = free_port()
+    def start_worker(self, **overrides: str) -> WorkerProcess:
+        """A worker on a free web port (or `WEB_PORT` in `overrides`, which also override the rest)."""
+        port = int(overrides.get("WEB_PORT", free_port()))
         data_dir = os.path.join(self.workdir, f"worker-{len(self.workers)}")
-        env = {**self.env, "WEB_PORT": str(port), "DATA_DIR": data_dir}
+        env = {**self.env, "WEB_PORT": str(port), "DATA_DIR": data_dir, **overrides}
         worker = WorkerProcess(env, os.path.join(self.workdir, f"worker-{len(self.workers)}.log")).start()
         self.workers.append(worker)
         self.web_ports.append(port)
