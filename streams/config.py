@@ -45,7 +45,8 @@ class Settings(BaseSettings):
         3_600_000, ge=60_000, description="Retention of the input topic: raw logprobs live there."
     )
     # Faust's default: the name other workers reach this one's views at (its canonical URL). The web
-    # server binds every interface whatever this says; 0.0.0.0 here made every worker advertise one URL.
+    # server listens where Faust's WEB_BIND says (every interface by default); 0.0.0.0 here made every
+    # worker advertise one URL.
     web_host: str = Field(
         default_factory=socket.gethostname, description="Host name other workers reach this worker at."
     )
