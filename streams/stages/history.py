@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -154,9 +153,9 @@ def stored_hours(
         by_hour.setdefault(hour_of(entry.event_time), []).append(entry)
     counts, chunks = [], {}
     for hour, hour_entries in sorted(by_hour.items()):
-        pieces = chunked(hour_entries, limit)
-        chunks.update({(hour, index): HistoryHour(entries=piece) for index, piece in enumerate(pieces)})
-        met = sum(e.threshold_met for e in hour_entries)
+        pieces = [HistoryHour(entries=piece) for piece in chunked(hour_entries, limit)]
+        chunks.update({(hour, index): piece for index, piece in enumerate(pieces)})
+        met = sum(piece.met for piece in pieces)
         counts.append(HourCounts(hour=hour, total=len(hour_entries), met=met, chunks=len(pieces)))
     return tuple(counts), chunks
 
@@ -218,11 +217,11 @@ class _Agent:
 
     def between(
         self, hour: int, start: datetime, end: datetime | None, inclusive: bool = False
-    ) -> list[tuple[HistoryEntry, ...]]:
-        """Per chunk of `hour`, its entries with start <= event_time < end (<= end if `inclusive`)."""
+    ) -> Iterator[HistoryEntry]:
+        """The entries of `hour` (any chunk) with start <= event_time < end (<= end if `inclusive`)."""
         _, counts = self._find(hour)
-        chunks = range(counts.chunks if counts else 0)
-        return [_between(self._chunk(hour, index).entries, start, end, inclusive) for index in chunks]
+        for index in range(counts.chunks if counts else 0):
+            yield from _between(self._chunk(hour, index).entries, start, end, inclusive)
 
     def add(self, entry: HistoryEntry) -> None:
         """Insert `entry` in its hour's last chunk (a new one if it would not fit), after the entries
@@ -367,7 +366,7 @@ class AgentStage:
         # Entries before the retention horizon count as gone (the hour it cuts is read from it on).
         retained_from = when - window if agent.summary.newest is None else agent.summary.newest - retention
         # A re-delivered response has the same event time: only entries of its hour at that time can be it.
-        same_time = itertools.chain.from_iterable(agent.between(hour_of(when), when, when, inclusive=True))
+        same_time = agent.between(hour_of(when), when, when, inclusive=True)
         known = next((e for e in same_time if e.event_id == event.event_id), None)
         if known is not None and when >= retained_from:
             history_factor = known.history_score
