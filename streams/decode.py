@@ -34,6 +34,7 @@ _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
     "less_than": "out_of_range",
     "literal_error": "invalid_value",
     "string_too_short": "invalid_value",
+    "string_too_long": "oversized_field",
     "timezone_aware": "invalid_value",
     "outcome_invalid": "invalid_value",
 }

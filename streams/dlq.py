@@ -27,6 +27,7 @@ Reason = Literal[
     "out_of_range",
     "oversized_event",
     "oversized_array",
+    "oversized_field",
     "processing_error",
     "trace_state_full",
     "claim_node_full",

@@ -73,7 +73,12 @@ def _rfc3339(value: object) -> object:
 # After a before-validator the value is checked as Python input, where a strict datetime takes no string:
 # hence Strict(False), which parses the (already checked) string exactly as strict JSON decoding would.
 Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339)]
-NonEmpty = Annotated[str, Field(min_length=1)]
+# Ids and names become Kafka keys, table keys and metric labels, and outputs repeat them: an output
+# whose key and value each carried a 600 KB trace id would pass Apache Kafka's 1 MB record limit, and
+# the broker's refusal would stop the worker on that record after every restart. 1,024 characters is
+# far beyond any id agents use; a longer one is dead-lettered (reason `oversized_field`).
+ID_MAX_CHARS = 1024
+Id = Annotated[str, Field(min_length=1, max_length=ID_MAX_CHARS)]
 INPUT_EVENT_TYPES = ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM", "OUTCOME")
 
 
@@ -82,10 +87,10 @@ class _Envelope(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
-    event_id: NonEmpty
+    event_id: Id
     timestamp: Timestamp
-    tenant_id: NonEmpty
-    trace_id: NonEmpty
+    tenant_id: Id
+    trace_id: Id
     schema_version: Literal[1]
 
     @field_validator("schema_version", mode="before")
@@ -100,8 +105,8 @@ class _Envelope(BaseModel):
 class _Input(_Envelope):
     """An input produced by an agent: it names the agent."""
 
-    agent_name: NonEmpty
-    agent_type: NonEmpty
+    agent_name: Id
+    agent_type: Id
 
 
 class RetrievalHit(BaseModel):
@@ -127,11 +132,11 @@ class LlmResponse(_Input):
     """Every LLM response, with its token logprobs (which never leave memory)."""
 
     event_type: Literal["LLM_RESPONSE"]
-    request_id: NonEmpty
-    model: NonEmpty
-    endpoint: NonEmpty
+    request_id: Id
+    model: Id
+    endpoint: Id
     role: Literal["single", "sub_call", "synthesis"] = "single"
-    sub_call_id: str | None = None
+    sub_call_id: Annotated[str, Field(max_length=ID_MAX_CHARS)] | None = None
     subtask: str | None = None
     query: str | None = None
     response: str
@@ -145,7 +150,7 @@ class ToolInvocation(_Input):
     """One tool call of an investigation (seed 001)."""
 
     event_type: Literal["TOOL_INVOCATION"]
-    tool: NonEmpty
+    tool: Id
     target: str
     phase: Literal["primary", "recovery"] = "primary"
     status: Literal["ok", "empty", "error"]
@@ -160,7 +165,7 @@ class ProvenanceEntry(BaseModel):
     """Where a claim came from and how much that source is trusted."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-    source_type: NonEmpty
+    source_type: Id
     confidence: UnitFloat
     source_id: str | None = None
 
@@ -170,7 +175,7 @@ class RelationshipEntry(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     type: Literal["supports", "contradicts"]
-    target: NonEmpty
+    target: Id
     strength: UnitFloat
 
 
@@ -178,14 +183,14 @@ class ClaimEvent(_Input):
     """A factual claim (seed 002)."""
 
     event_type: Literal["CLAIM"]
-    claim_id: NonEmpty
+    claim_id: Id
     statement: str
     source_id: str | None = None
     provenance: list[ProvenanceEntry] = Field(default_factory=list)
     tier: Literal["ephemeral", "task", "project", "persistent"]
     staleness_at: Timestamp | None = None
     relationships: list[RelationshipEntry] = Field(default_factory=list)
-    derived_from: list[NonEmpty] = Field(default_factory=list)
+    derived_from: list[Id] = Field(default_factory=list)
     assessed_upper: UnitFloat | None = None
     instance_trust: UnitFloat = 1.0
 
@@ -202,8 +207,8 @@ class OutcomeEvent(_Envelope):
     """
 
     event_type: Literal["OUTCOME"]
-    subject_event_id: NonEmpty | None = None
-    claim_id: NonEmpty | None = None
+    subject_event_id: Id | None = None
+    claim_id: Id | None = None
     correct: bool | None = None
     score: UnitFloat | None = None
     source: Literal["human", "test", "ci", "judge"]

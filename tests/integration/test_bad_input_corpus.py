@@ -18,6 +18,7 @@ import orjson
 
 from streams.demo import encode
 from streams.dlq import strip_logprobs
+from streams.events import ID_MAX_CHARS
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, collect, produce
 from tests.integration.fixtures import STRONG_COMPOSITE as STRONG
@@ -235,6 +236,13 @@ def build_corpus(f: EventFactory) -> list[Bad]:
         "derived_from too long",
         "oversized_array",
         c.event("claim", derived_from=["c"] * (MAX_ARRAY_ITEMS + 1)),
+    )
+    # An id as a Kafka key and again in an output's value could pass the broker's record limit.
+    c.add("trace_id too long", "oversized_field", c.event(trace_id="t" * (ID_MAX_CHARS + 1)))
+    c.add(
+        "derived_from id too long",
+        "oversized_field",
+        c.event("claim", derived_from=["c" * (ID_MAX_CHARS + 1)]),
     )
     # Deeper than the decoder parses: 300 levels is also deeper than orjson writes, 1500 than it reads.
     c.add("nested 300 deep", "invalid_json", json_with_nan(c.event(), deep="[" * 300 + "]" * 300))

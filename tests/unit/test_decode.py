@@ -7,7 +7,7 @@ import pytest
 
 from streams.decode import decode
 from streams.dlq import DeadLetter, connect_headers, strip_logprobs
-from streams.events import ClaimEvent, LlmResponse, ToolInvocation
+from streams.events import ID_MAX_CHARS, ClaimEvent, LlmResponse, ToolInvocation
 
 BASE = {
     "event_id": "e1",
@@ -89,6 +89,8 @@ def test_unknown_extra_fields_are_dropped() -> None:
             "invalid_value",
         ),
         (orjson.dumps({**BASE, "token_logprobs": [-0.1] * 101}), "oversized_array"),
+        (orjson.dumps({**BASE, "trace_id": "t" * (ID_MAX_CHARS + 1)}), "oversized_field"),
+        (orjson.dumps({**BASE, "sub_call_id": "s" * (ID_MAX_CHARS + 1)}), "oversized_field"),
         (orjson.dumps({**BASE, "response": "x" * 20_000}), "oversized_event"),
     ],
 )
