@@ -197,12 +197,25 @@ class Settings(BaseSettings):
     calibration_enabled: bool = Field(
         True, description="Join OUTCOME events with scores; off: outcomes are counted and dropped."
     )
-    calibration_window_hours: float = Field(168.0, gt=0, description="Sliding event-time window of outcomes.")
+    # Counted in whole hours (hourly buckets): a window under one hour would hold no bucket at all.
+    calibration_window_hours: float = Field(
+        168.0, ge=1, description="Sliding event-time window of outcomes (at least 1)."
+    )
     calibration_join_window_hours: float = Field(
         168.0, gt=0, description="How long a score is kept for outcomes to join (event time)."
     )
     calibration_outcome_wait_hours: float = Field(
         1.0, gt=0, description="How long an outcome waits for its score before it counts as unmatched."
+    )
+    # A subject's entry (its score, the outcomes applied to it, those waiting for it) is one changelog
+    # record: with ids at their longest (ID_MAX_CHARS of 4-byte characters) 48 waiting outcomes stay
+    # under Apache Kafka's 1 MB record limit. More outcomes for one response, trace or claim are dropped.
+    calibration_max_outcomes_per_subject: int = Field(
+        32,
+        ge=1,
+        le=48,
+        description="Outcomes one scored response, trace or claim takes (applied and waiting); more are "
+        "counted as over_limit and dropped.",
     )
     calibration_min_samples: int = Field(20, ge=1, description="Outcomes in a group before it reports.")
     calibration_ece_change: float = Field(

@@ -197,7 +197,7 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         outcomes=Counter(
             "confidence_outcomes",
             "OUTCOME events by what happened to them: matched, waiting (score not seen yet), duplicate, "
-            "disabled (CALIBRATION_ENABLED=false)",
+            "over_limit (CALIBRATION_MAX_OUTCOMES_PER_SUBJECT reached), disabled (CALIBRATION_ENABLED=false)",
             ("status",),
             registry=registry,
         ),

@@ -135,10 +135,18 @@ def add(histogram: Histogram, predicted: float, observed: float) -> dict[int, Bi
 
 def subtract(totals: Mapping[K, S], removed: Mapping[K, S]) -> dict[K, S]:
     """`totals` without `removed` (an hour leaving the window), for bins or actions; emptied entries are
-    dropped, so rounding left by the subtraction never outlives the data it came from."""
+    dropped, so rounding left by the subtraction never outlives the data it came from.
+
+    An entry `totals` lacks or holds fewer of is left out rather than raising: the group and its hour
+    buckets are separate changelog records, and a worker that stopped between writing them can leave a
+    bucket the restored group never counted (it would otherwise fail every later outcome of the group).
+    """
     result = dict(totals)
     for key, stats in removed.items():
-        left = result[key].minus(stats)
+        current = result.get(key)
+        if current is None:
+            continue
+        left = current.minus(stats)
         if left.n > 0:
             result[key] = left
         else:
@@ -223,7 +231,9 @@ def advise_threshold(histogram: Histogram, target_precision: float) -> Threshold
         if stats is not None:
             allowed += stats.n
             observed += stats.sum_observed
-        if allowed and observed / allowed >= target_precision:
+        # Compared after rounding to 9 decimals (DESIGN 4b): 1.8 / 2 computed as 0.8999999999999999
+        # meets a target of 0.9.
+        if allowed and round(observed / allowed, 9) >= target_precision:
             best = (index, allowed, observed / allowed)
     if best is None:
         return ThresholdAdvice(

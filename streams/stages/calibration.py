@@ -118,7 +118,9 @@ def _plus(
 
 
 class _Batch:
-    """The batch's view of the three tables: values written in this batch win over stored ones."""
+    """One message's view of the three tables: its own writes win over the batch's, which win over
+    stored ones. Its writes join the batch's only once the whole message is handled (`commit`): a
+    message that fails half-way is dead-lettered and must leave no count behind."""
 
     def __init__(
         self,
@@ -127,9 +129,10 @@ class _Batch:
         partition: int,
     ) -> None:
         self._load, self._dirty, self._partition = load, dirty, partition
+        self._written: dict[bytes, CalibrationWrite] = {}
 
     def _get(self, table: Table, key: bytes) -> BaseModel | None:
-        write = self._dirty.get(key)
+        write = self._written.get(key) or self._dirty.get(key)
         return write.value if write is not None else self._load(table, key)
 
     def subject(self, key: bytes) -> SubjectEntry:
@@ -150,7 +153,10 @@ class _Batch:
     def write(
         self, table: Table, key: bytes, value: SubjectEntry | GroupCalibration | HourBucket | None
     ) -> None:
-        self._dirty[key] = CalibrationWrite(table, value, self._partition)
+        self._written[key] = CalibrationWrite(table, value, self._partition)
+
+    def commit(self) -> None:
+        self._dirty.update(self._written)
 
 
 class CalibrationStage:
@@ -188,17 +194,19 @@ class CalibrationStage:
             if item.outcome is not None:
                 self.clock.saw(record.partition, item.outcome.timestamp, source=message.source)
                 self._outcome(message.tenant_id, item.outcome, item.received_at, batch, out)
+        batch.commit()
 
     def _subject(
         self, tenant: str, subject: CalibrationSubject, received_at: float, batch: _Batch, out: Outputs
     ) -> None:
         key = subject_key(tenant, subject.subject_type, subject.subject_id)
         entry = batch.subject(key)
+        subject = self._bounded_subject(subject)
         if entry.subject is not None and entry.subject.event_time > subject.event_time:
             return  # an older score (re-delivered or overtaken): keep the newer one
         for outcome in entry.waiting:
             self._apply(tenant, subject, outcome, batch, received_at, out)
-            self.metrics.child(self.metrics.outcomes, "matched").inc()
+            out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
         applied = (*entry.applied, *(o.event_id for o in entry.waiting))
         batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
 
@@ -208,16 +216,32 @@ class CalibrationStage:
         key = subject_key(tenant, outcome.subject_type, outcome.subject_id)
         entry = batch.subject(key)
         if outcome.event_id in entry.applied or any(w.event_id == outcome.event_id for w in entry.waiting):
-            self.metrics.child(self.metrics.outcomes, "duplicate").inc()
+            out.meter(self.metrics.child(self.metrics.outcomes, "duplicate").inc)
             return
+        if len(entry.applied) + len(entry.waiting) >= self.settings.calibration_max_outcomes_per_subject:
+            out.meter(self.metrics.child(self.metrics.outcomes, "over_limit").inc)
+            return  # the entry is one changelog record: it must stay under the broker's record limit
+        outcome = self._bounded_outcome(outcome)
         if entry.subject is None:
-            self.metrics.child(self.metrics.outcomes, "waiting").inc()
+            out.meter(self.metrics.child(self.metrics.outcomes, "waiting").inc)
             entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
         else:
             self._apply(tenant, entry.subject, outcome, batch, received_at, out)
-            self.metrics.child(self.metrics.outcomes, "matched").inc()
+            out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
             entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
         batch.write("subjects", key, entry)
+
+    # A far-future event time (a mistyped year) counts as the expiry clock's bound: stored as it is, it
+    # would keep its entry for ever and pin a group's window there, so that no later outcome counted.
+    def _bounded_subject(self, subject: CalibrationSubject) -> CalibrationSubject:
+        bounded = self.clock.bounded(subject.event_time)
+        return (
+            subject if bounded is subject.event_time else subject.model_copy(update={"event_time": bounded})
+        )
+
+    def _bounded_outcome(self, outcome: OutcomeEvent) -> OutcomeEvent:
+        bounded = self.clock.bounded(outcome.timestamp)
+        return outcome if bounded is outcome.timestamp else outcome.model_copy(update={"timestamp": bounded})
 
     def _apply(
         self,
@@ -299,8 +323,13 @@ class CalibrationStage:
             m.labels(group.dimension, group.value),
             group.kind,
         )
-        m.child(m.calibration_ece, *labels).set(ece)
-        m.child(m.calibration_brier, *labels).set(brier)
+        ece_gauge, brier_gauge = m.child(m.calibration_ece, *labels), m.child(m.calibration_brier, *labels)
+
+        def publish() -> None:  # with the batch, unless this message is dead-lettered
+            ece_gauge.set(ece)
+            brier_gauge.set(brier)
+
+        out.meter(publish)
         settings = self.settings
         if samples < settings.calibration_min_samples:
             return group

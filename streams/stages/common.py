@@ -83,10 +83,14 @@ class ExpiryClock:
         self._latest: dict[int, datetime] = {}
         self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
-    def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
+    def bounded(self, event_time: datetime) -> datetime:
+        """`event_time`, or the wall clock plus `max_ahead` when it is further ahead than that."""
         if event_time > self._bound:  # only an event past the cached bound needs a fresh clock read
             self._bound = now() + self.max_ahead
-        bounded = min(event_time, self._bound)
+        return min(event_time, self._bound)
+
+    def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
+        bounded = self.bounded(event_time)
         self._latest[partition] = bounded
         sources = self._newest.setdefault(partition, {})
         current = sources.get(source)

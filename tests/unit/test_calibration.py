@@ -81,7 +81,7 @@ def brute_force_advice(
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS
         allowed = [o for p, o in points if p >= threshold]
-        if allowed and sum(allowed) / len(allowed) >= target:
+        if allowed and round(sum(allowed) / len(allowed), 9) >= target:
             return threshold, len(allowed), (len(points) - len(allowed)) / len(points)
     return None, 0, None
 
@@ -123,3 +123,11 @@ def test_bin_edges_start_at_the_threshold_grid() -> None:
     assert calibration.fine_bin(0.3) == 30
     assert calibration.fine_bin(0.999) == 99
     assert calibration.fine_bin(1.0) == 99
+
+
+def test_threshold_advice_compares_precision_after_rounding_to_9_decimals() -> None:
+    # 0.95 and 0.85 average 0.9, computed as 0.8999999999999999 (DESIGN 4b: round, then compare): every
+    # threshold allows both. Unrounded, only thresholds above 0.85 (allowing 0.95 alone) would meet it.
+    advice = calibration.advise_threshold(histogram_of([(0.95, 0.95), (0.85, 0.85)]), 0.9)
+    assert advice.threshold == 0.0
+    assert advice.allowed == 2

@@ -1,0 +1,171 @@
+"""Stage 4 without Kafka: a message is applied whole or not at all, a subject's entry stays bounded, a
+mistyped far-future outcome does not pin its group, and a group survives a bucket it never counted.
+(Through the broker: tests/integration/test_calibration.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.events import OutcomeEvent
+from streams.scoring import calibration
+from streams.stages import CalibrationStage, InputRecord
+from streams.stages.calibration import CalibrationWrite, Table, group_key, hour_key, subject_key
+from streams.state import (
+    CalibrationItem,
+    CalibrationMessage,
+    CalibrationSubject,
+    GroupCalibration,
+    HourBucket,
+)
+
+# Recent: the stage bounds event times at the wall clock plus EVENT_TIME_MAX_AHEAD_HOURS.
+START = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+TENANT = "t"
+
+
+class _Worker:
+    """A calibration stage and its three tables (dicts of models), fed one message per batch."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = load_settings(**settings)
+        self.registry = CollectorRegistry()
+        self.stage = CalibrationStage(
+            self.settings, scoring_configs(self.settings), metrics.create(self.registry)
+        )
+        self.tables: dict[bytes, BaseModel] = {}
+        self.offset = 0
+
+    def load(self, _table: Table, key: bytes) -> BaseModel | None:
+        return self.tables.get(key)
+
+    def feed(self, *items: CalibrationItem) -> tuple[list[Any], dict[bytes, CalibrationWrite]]:
+        message = CalibrationMessage(tenant_id=TENANT, items=list(items), source=1_000_000)
+        record = InputRecord("calibration", 0, self.offset, 1.0, message.model_dump_json().encode())
+        self.offset += 1
+        records, writes = self.stage.process([record], self.load)
+        for key, write in writes.items():
+            if write.value is None:
+                self.tables.pop(key, None)
+            else:
+                self.tables[key] = write.value
+        return records, writes
+
+    def outcomes(self, status: str) -> float:
+        return self.registry.get_sample_value("confidence_outcomes_total", {"status": status}) or 0.0
+
+    def group(self, model: str = "m", kind: str = "response") -> GroupCalibration:
+        value = self.tables[group_key(TENANT, "model", model, kind)]
+        assert isinstance(value, GroupCalibration)
+        return value
+
+
+def _score(subject_id: str, minutes: float, score: float = 0.8) -> CalibrationItem:
+    subject = CalibrationSubject(
+        subject_type="response",
+        subject_id=subject_id,
+        event_time=START + timedelta(minutes=minutes),
+        scores={"response": score},
+        action="allow",
+        model="m",
+        agent_type="a",
+    )
+    return CalibrationItem(subject=subject, received_at=1.0)
+
+
+def _outcome(event_id: str, subject_id: str, minutes: float, correct: bool = True) -> CalibrationItem:
+    outcome = OutcomeEvent(
+        event_id=event_id,
+        timestamp=(START + timedelta(minutes=minutes)).isoformat(),  # type: ignore[arg-type]
+        tenant_id=TENANT,
+        trace_id="trace",
+        schema_version=1,
+        event_type="OUTCOME",
+        subject_event_id=subject_id,
+        correct=correct,
+        source="human",
+    )
+    return CalibrationItem(outcome=outcome, received_at=1.0)
+
+
+def test_a_message_that_fails_half_way_writes_nothing_and_counts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = _Worker()
+    worker.feed(_score("r1", 0), _score("r2", 0))
+    before = dict(worker.tables)
+    # The second outcome of the message fails in the scorer: the first one's counts must not stay.
+    real_add = calibration.add
+    calls: Iterator[int] = iter(range(1_000))
+
+    def add_failing_the_second_outcome(*args: Any) -> dict[int, calibration.BinStats]:
+        if next(calls) >= 4:  # each outcome adds to two groups, bucket and totals: 4 calls
+            raise RuntimeError("scorer bug")
+        return real_add(*args)
+
+    monkeypatch.setattr(calibration, "add", add_failing_the_second_outcome)
+    records, writes = worker.feed(_outcome("o1", "r1", 1), _outcome("o2", "r2", 1))
+    assert writes == {}
+    assert worker.tables == before
+    assert [r.topic for r in records] == [worker.settings.dlq_topic]
+    assert worker.outcomes("matched") == 0
+    monkeypatch.setattr(calibration, "add", real_add)
+    worker.feed(_outcome("o1", "r1", 1), _outcome("o2", "r2", 1))  # the message again, scorer fixed
+    assert worker.outcomes("matched") == 2
+    assert calibration.total(worker.group().bins) == 2
+
+
+def test_a_subject_takes_at_most_its_share_of_outcomes() -> None:
+    worker = _Worker(calibration_max_outcomes_per_subject=5)
+    worker.feed(*(_outcome(f"early-{i}", "r1", 1) for i in range(8)))  # before its score
+    assert worker.outcomes("waiting") == 5
+    assert worker.outcomes("over_limit") == 3
+    worker.feed(_score("r1", 0))
+    assert worker.outcomes("matched") == 5
+    worker.feed(_outcome("early-0", "r1", 1), _outcome("late", "r1", 2))  # a re-delivery, one more
+    assert worker.outcomes("duplicate") == 1
+    assert worker.outcomes("over_limit") == 4
+    entry = worker.tables[subject_key(TENANT, "response", "r1")]
+    assert len(entry.applied) == 5  # type: ignore[attr-defined]
+    assert calibration.total(worker.group().bins) == 5
+
+
+def test_a_far_future_outcome_does_not_pin_its_group() -> None:
+    worker = _Worker()
+    worker.feed(_score("r1", 0), _score("r2", 0), _score("r3", 0))
+    typo = START.replace(year=2062)
+    minutes = (typo - START).total_seconds() / 60
+    worker.feed(_outcome("o1", "r1", 1), _outcome("typo", "r2", minutes), _outcome("o3", "r3", 2))
+    group = worker.group()
+    assert group.newest <= datetime.now(UTC) + timedelta(hours=1)  # the clock's bound
+    assert calibration.total(group.bins) == 3  # none of the honest ones fell out of the window
+
+
+def test_a_bucket_the_group_never_counted_does_not_fail_the_group() -> None:
+    """The group and its hour buckets are separate changelog records: a worker stopped between them
+    can leave a bucket whose counts the restored group lacks. Its hour leaving the window must not
+    raise (which dead-lettered every later outcome of the group)."""
+    worker = _Worker(calibration_window_hours=1)
+    worker.feed(_score("r1", 0), _score("r2", 0))
+    worker.feed(_outcome("o1", "r1", 1))
+    group = worker.group()
+    first_hour = hour_key(group, group.hours[0])
+    counted = worker.tables[first_hour]
+    assert isinstance(counted, HourBucket)
+    # The bucket also holds an outcome (bin 30) the restored group never counted.
+    worker.tables[first_hour] = HourBucket(bins=calibration.add(counted.bins, 0.3, 0.0))
+    records, _ = worker.feed(_outcome("o2", "r2", 125))  # two hours later: the first hour leaves
+    assert all(r.topic != worker.settings.dlq_topic for r in records)
+    assert calibration.total(worker.group().bins) == 1
+
+
+def test_the_window_is_at_least_one_hour() -> None:
+    with pytest.raises(ValueError, match="calibration_window_hours"):
+        load_settings(calibration_window_hours=0.5)
