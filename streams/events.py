@@ -10,10 +10,11 @@ input. Output events embed the scoring results of `streams.scoring` directly.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -70,9 +71,22 @@ def _rfc3339(value: object) -> object:
     return value
 
 
+# Event times take part in date arithmetic (TTLs, windows, half-lives): one dated 9999-12-31 overflowed
+# when its expiry was computed, outside the per-record guard, and stopped the worker on every restart.
+# Years 1900 to 8999 leave centuries of room either way.
+TIMESTAMP_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+TIMESTAMP_MAX = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _in_range(value: datetime) -> datetime:
+    if not TIMESTAMP_MIN <= value < TIMESTAMP_MAX:
+        raise PydanticCustomError("timestamp_out_of_range", "should be a date-time from year 1900 to 8999")
+    return value
+
+
 # After a before-validator the value is checked as Python input, where a strict datetime takes no string:
 # hence Strict(False), which parses the (already checked) string exactly as strict JSON decoding would.
-Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339)]
+Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339), AfterValidator(_in_range)]
 # Ids and names become Kafka keys, table keys and metric labels, and outputs repeat them: an output
 # whose key and value each carried a 600 KB trace id would pass Apache Kafka's 1 MB record limit, and
 # the broker's refusal would stop the worker on that record after every restart. 1,024 characters is

@@ -13,12 +13,14 @@ import pydantic_core
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails, InitErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from streams.config import Settings, load_settings
 from streams.decode import decode
 from streams.dlq import DeadLetter
 from streams.events import InputEvent
+
+_PYDANTIC_ERROR_TYPES = frozenset(get_args(pydantic_core.ErrorType))  # the types it can rebuild by name
 
 __all__ = [
     "INPUT_MODELS",
@@ -78,7 +80,13 @@ def build(event_class: type[E], /, **fields: Any) -> E:
 
 
 def _init_details(error: ErrorDetails) -> InitErrorDetails:
-    details = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
+    # The models' own error types (e.g. outcome_invalid) are not pydantic's: rebuilt from their message.
+    kind = error["type"]
+    details = InitErrorDetails(
+        type=kind if kind in _PYDANTIC_ERROR_TYPES else PydanticCustomError(kind, error["msg"]),
+        loc=error["loc"],
+        input=error["input"],
+    )
     if "ctx" in error:
         details["ctx"] = error["ctx"]
     return details

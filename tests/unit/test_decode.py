@@ -91,6 +91,8 @@ def test_unknown_extra_fields_are_dropped() -> None:
         (orjson.dumps({**BASE, "token_logprobs": [-0.1] * 101}), "oversized_array"),
         (orjson.dumps({**BASE, "trace_id": "t" * (ID_MAX_CHARS + 1)}), "oversized_field"),
         (orjson.dumps({**BASE, "sub_call_id": "s" * (ID_MAX_CHARS + 1)}), "oversized_field"),
+        (orjson.dumps({**BASE, "timestamp": "9999-12-31T23:00:00Z"}), "out_of_range"),
+        (orjson.dumps({**BASE, "timestamp": "0001-01-01T00:00:00Z"}), "out_of_range"),
         (orjson.dumps({**BASE, "response": "x" * 20_000}), "oversized_event"),
     ],
 )

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from streams.config import load_settings
 from streams.decode import decode
-from streams.events import ClaimEvent, LlmResponse, ResponseScored, RetrievalHit, ToolInvocation
+from streams.events import ClaimEvent, LlmResponse, OutcomeEvent, ResponseScored, RetrievalHit, ToolInvocation
 from streams.producer import (
     INPUT_MODELS,
     EventProducer,
@@ -106,12 +106,20 @@ def test_build_keeps_what_the_caller_gave() -> None:
         ({"response": 42}, "response"),
         ({"retrieval": [{"similarity": 1.5}]}, "retrieval.0.similarity"),
         ({"event_type": "CLAIM"}, "event_type"),
+        ({"timestamp": "9999-12-31T23:00:00Z"}, "timestamp"),  # the models' own error types too
+        ({"trace_id": "t" * 1025}, "trace_id"),
     ],
 )
 def test_build_refuses_what_the_service_would_dead_letter(fields: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         build(LlmResponse, **{**RESPONSE, **fields})
     assert field in {".".join(str(p) for p in e["loc"]) for e in err.value.errors()}
+
+
+def test_build_refuses_an_outcome_with_two_verdicts_as_the_service_would() -> None:
+    fields = {"tenant_id": "t", "trace_id": "tr", "subject_event_id": "e", "source": "human"}
+    with pytest.raises(ValidationError, match="exactly one of correct and score"):
+        build(OutcomeEvent, **fields, correct=True, score=0.5)
 
 
 def test_build_error_message_never_quotes_input_values() -> None:
