@@ -14,13 +14,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ErrorType
 
 from streams.config import Settings, load_settings
 from streams.decode import decode
 from streams.dlq import DeadLetter
 from streams.events import InputEvent
 
-_PYDANTIC_ERROR_TYPES = frozenset(get_args(pydantic_core.ErrorType))  # the types it can rebuild by name
+_PYDANTIC_ERROR_TYPES = frozenset(get_args(ErrorType))  # the types it can rebuild by name
 
 __all__ = [
     "INPUT_MODELS",
