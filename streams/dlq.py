@@ -31,6 +31,7 @@ Reason = Literal[
     "processing_error",
     "trace_state_full",
     "claim_node_full",
+    "claim_graph_too_complex",
 ]
 
 LOGPROBS_KEY = "token_logprobs"

@@ -185,7 +185,10 @@ def attach_views(
                 return _json(self.web, {"error": "unknown claim"}, 404)
             as_of = datetime.now(UTC)
             facts = None if claim_facts is None else lambda other: claim_facts(table_key(tenant_id, other))
-            interval = claim_graph.interval_of(load, claim_id, as_of, svc.configs.claims, facts)
+            try:
+                interval = claim_graph.interval_of(load, claim_id, as_of, svc.configs.claims, facts)
+            except claim_graph.GraphTooComplex as exc:  # its neighbours changed since it was scored
+                return _json(self.web, {"error": str(exc)}, 422)
             return _json(
                 self.web,
                 {

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import orjson
 
 from streams.config import ScoringConfigs, Settings
+from streams.dlq import DeadLetter
 from streams.events import ClaimScored
 from streams.ids import output_event_id
 from streams.metrics import Metrics
@@ -21,6 +22,7 @@ from streams.stages.common import (
     MeasuredSizes,
     Outputs,
     Record,
+    Rejected,
     StateSizes,
     ValueBound,
     is_flagged,
@@ -120,12 +122,16 @@ class ClaimStage:
     def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         message = ClaimMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
-        update = claim_graph.apply_claim(
-            lambda claim_id: batch.node(table_key(tenant, claim_id)),
-            message.arrived,
-            self.configs.claims,
-            lambda claim_id: batch.facts(table_key(tenant, claim_id)),
-        )
+        try:
+            update = claim_graph.apply_claim(
+                lambda claim_id: batch.node(table_key(tenant, claim_id)),
+                message.arrived,
+                self.configs.claims,
+                lambda claim_id: batch.facts(table_key(tenant, claim_id)),
+            )
+        except claim_graph.GraphTooComplex as exc:
+            letter = DeadLetter(record.value or b"", "claim_graph_too_complex", "GraphTooComplex", str(exc))
+            raise Rejected(letter) from None
         writes = {table_key(tenant, claim_id): node for claim_id, node in update.nodes.items()}
         # Every node is checked before any is kept: a refused input changes no node at all.
         bounds = {key: self._checked_size(key, node, record, batch) for key, node in writes.items()}

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.scoring.claim_graph import (
+    MAX_DERIVED_DEPTH,
     ClaimArrived,
     ClaimDefinition,
     ClaimNode,
     ClaimScore,
+    GraphTooComplex,
     Relationship,
     apply_claim,
     interval_of,
@@ -168,6 +172,30 @@ def test_derived_cycle_terminates_and_is_deterministic() -> None:
     assert [bounds(s) for s in again.arrive(define("q", derived_from=("p",), conf=0.6), minutes=1)] == [
         bounds(s) for s in first
     ]
+
+
+def test_densely_cyclic_derivations_are_refused_instead_of_stalling() -> None:
+    """Nine claims each derived from all the others took 10 s for the last one (a cut cycle's result
+    is not memoised, so every simple path was walked): refused within the step budget instead."""
+    g = Graph()
+    ids = [f"c{i}" for i in range(9)]
+    started = time.perf_counter()
+    with pytest.raises(GraphTooComplex, match="steps"):
+        for i, claim_id in enumerate(ids):
+            g.arrive(define(claim_id, derived_from=tuple(c for c in ids if c != claim_id)), minutes=i)
+    assert time.perf_counter() - started < 5  # generous: the budget stops it in well under a second
+    assert len(g.nodes) >= 5  # the first ones were scored
+
+
+def test_a_derived_chain_deeper_than_the_bound_is_refused_not_a_recursion_error() -> None:
+    """A chain of ~1,000 derived claims passed Python's recursion limit (dead-lettered as a
+    processing error); past MAX_DERIVED_DEPTH links the new claim is refused with a clear error."""
+    g = Graph()
+    g.arrive(define("d0"))
+    for i in range(1, MAX_DERIVED_DEPTH + 1):  # each new link walks the chain below it
+        g.arrive(define(f"d{i}", derived_from=(f"d{i - 1}",)), minutes=i)
+    with pytest.raises(GraphTooComplex, match="deeper"):
+        g.arrive(define("too-deep", derived_from=(f"d{MAX_DERIVED_DEPTH}",)), minutes=10_000)
 
 
 def test_redelivery_re_emits_only_the_own_score_and_changes_nothing() -> None:

@@ -275,3 +275,20 @@ def test_a_replaced_supporter_counts_with_its_new_provenance() -> None:
     # Boost 1 + 0.1 x sum(upper x strength 0.5): P's upper is 0.8, then 0.2; Q's and R's 0.8.
     assert boosts["e2"] == pytest.approx(1 + 0.1 * 0.5 * (0.8 + 0.8))
     assert boosts["e4"] == pytest.approx(1 + 0.1 * 0.5 * (0.2 + 0.8 + 0.8))
+
+
+def test_a_claim_whose_derivations_are_too_entangled_is_dead_lettered_and_changes_nothing() -> None:
+    """Nine claims each derived from all others: scoring the last ones would walk every simple path
+    (seconds each); they are refused with reason claim_graph_too_complex, the worker goes on."""
+    w = _Worker(limit=1_040_000)
+    ids = [f"c{i}" for i in range(9)]
+    events = [_claim(i, c, derived_from=[d for d in ids if d != c]) for i, c in enumerate(ids)]
+    events.append(_claim(9, "alone"))
+    records = w.run(events, [1] * len(events))
+    dead = stage_records.dead(records)
+    assert dead and all(reason == b"claim_graph_too_complex" for _, reason in dead)
+    assert 9 not in {offset for offset, _ in dead}  # the next claim is scored as usual
+    refused = {ids[offset] for offset, _ in dead}
+    # No definition stored (a node may exist as a stub: earlier claims derive from it).
+    assert all(w.node(c).get("definition") is None for c in refused if orjson.dumps(["t", c]) in w.table)
+    assert "e9" in {o["source_event_id"] for o in stage_records.scored(records)}
