@@ -154,6 +154,13 @@ class Settings(BaseSettings):
         "this is dead-lettered (reason claim_node_full).",
     )
     sweep_interval_seconds: float = Field(60.0, gt=0)
+    expiry_source_idle_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="The claims and calibration partitions' expiry watermark leaves out an upstream "
+        "partition that sent nothing this long (wall clock), and sweeps nothing this long after a "
+        "partition's first event.",
+    )
     event_time_max_ahead_hours: float = Field(
         1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."
     )

@@ -6,6 +6,7 @@ Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -175,6 +176,10 @@ def attach_views(
                 }
             except ValueError:
                 return _json(self.web, {"error": "filters must be numbers"}, 400)
+            if any(v is not None and not math.isfinite(v) for v in filters.values()):
+                return _json(
+                    self.web, {"error": "filters must be finite numbers"}, 400
+                )  # NaN matched nothing
 
             def load(other: str) -> claim_graph.ClaimNode | None:
                 raw = svc.claims.get(table_key(tenant_id, other))

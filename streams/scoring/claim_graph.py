@@ -368,23 +368,29 @@ def _bounded(items: dict[str, ClaimScore], limit: int) -> dict[str, ClaimScore]:
 
 
 def apply_claim(
-    load: Loader, arrived: ClaimArrived, cfg: ClaimsConfig, facts: FactsLoader | None = None
+    load: Loader,
+    arrived: ClaimArrived,
+    cfg: ClaimsConfig,
+    facts: FactsLoader | None = None,
+    touched_at: datetime | None = None,
 ) -> ClaimUpdate:
     """Apply claim X to the graph: X's interval and every dependent's, all as of X's event time.
 
     A re-delivered input (its event id already applied to X) returns X's remembered score and no
     node changes (DESIGN 4b: a re-delivered CLAIM re-emits its own CLAIM_SCORED only). `facts`, if
-    given, answers for neighbours this input does not otherwise load.
+    given, answers for neighbours this input does not otherwise load. `touched_at` (default: the
+    event time) is what the nodes it changes count their expiry from.
     """
     graph = _Graph(load, cfg, facts)
     new = arrived.definition
     me, when = new.claim_id, arrived.event_time
+    touched = when if touched_at is None else touched_at
     current = graph.get(me)
     if current is not None and arrived.source_event_id in current.applied:
         return ClaimUpdate(scores=(current.applied[arrived.source_event_id],))
     old = None if current is None else current.definition
-    graph.put(me, _touch(current, when).model_copy(update={"definition": new}))
-    _reindex(graph, old, new, when)
+    graph.put(me, _touch(current, touched).model_copy(update={"definition": new}))
+    _reindex(graph, old, new, touched)
 
     memo: dict[str, ClaimInterval] = {}
     budget = _Budget()

@@ -166,7 +166,9 @@ class CalibrationStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        self.clock = ExpiryClock(
+            timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
+        )
         self.window = timedelta(hours=settings.calibration_window_hours)
 
     def process(

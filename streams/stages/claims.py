@@ -86,7 +86,9 @@ class ClaimStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        self.clock = ExpiryClock(
+            timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
+        )
         self.node_bound = ValueBound(
             settings.claim_node_max_bytes,
             "CLAIM_NODE_MAX_BYTES",
@@ -128,6 +130,9 @@ class ClaimStage:
                 message.arrived,
                 self.configs.claims,
                 lambda claim_id: batch.facts(table_key(tenant, claim_id)),
+                # Expiry counts from the clock's bound: a mistyped far-future date would otherwise keep
+                # the claim and every neighbour it touches for ever.
+                touched_at=self.clock.bounded(message.arrived.event_time),
             )
         except claim_graph.GraphTooComplex as exc:
             letter = DeadLetter(record.value or b"", "claim_graph_too_complex", "GraphTooComplex", str(exc))

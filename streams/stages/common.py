@@ -71,15 +71,32 @@ class ExpiryClock:
 
     One clock per partition, not per worker: partitions are consumed unevenly (one may be far behind
     another), and a worker-wide newest time swept state that its own partition was still using. A
-    partition fed by several upstream partitions (the claims topic) keeps the newest time per upstream
-    `source` and reads the *oldest* of those (a watermark), so a lagging upstream partition's state is
-    not swept because another one ran ahead. An event time more than `max_ahead` past the wall clock
-    moves the clock only to that bound, so one future-dated event cannot expire a partition's state.
+    partition fed by several upstream partitions (the claims and calibration topics) keeps the newest
+    time per upstream `source` and reads the *oldest* of those (a watermark), so a lagging upstream
+    partition's state is not swept because another one ran ahead. An event time more than `max_ahead`
+    past the wall clock moves the clock only to that bound, so one future-dated event cannot expire a
+    partition's state.
+
+    With several sources, `source_idle_seconds` (wall clock) is how long a source may send nothing
+    before the watermark leaves it out, as Flink's `withIdleness`: a source that went quiet for good (a
+    tenant that stopped sending claims) would otherwise hold the watermark, and every expiry on the
+    partition, for ever. For the same span after a partition's first event the clock answers "not
+    passed": after a start or a rebalance, sources not heard yet (a slower stage catching up) may still
+    send older times.
     """
 
-    def __init__(self, max_ahead: timedelta) -> None:
+    def __init__(
+        self,
+        max_ahead: timedelta,
+        source_idle_seconds: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_ahead = max_ahead
+        self.source_idle_seconds = source_idle_seconds
+        self._monotonic = monotonic
         self._newest: dict[int, dict[int, datetime]] = {}
+        self._heard: dict[int, dict[int, float]] = {}  # partition -> source -> when it last sent
+        self._first_heard: dict[int, float] = {}
         self._latest: dict[int, datetime] = {}
         self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
@@ -96,6 +113,10 @@ class ExpiryClock:
         current = sources.get(source)
         if current is None or bounded > current:
             sources[source] = bounded
+        if self.source_idle_seconds is not None:
+            heard_at = self._monotonic()
+            self._heard.setdefault(partition, {})[source] = heard_at
+            self._first_heard.setdefault(partition, heard_at)
 
     def latest(self, partition: int) -> datetime | None:
         """The (bounded) event time of the partition's most recent event: how far reading has got.
@@ -106,9 +127,20 @@ class ExpiryClock:
         return self._latest.get(partition)
 
     def passed(self, partition: int, moment: datetime) -> bool:
-        """True once the partition's event time (its oldest source's newest) is past `moment`."""
+        """True once the partition's event time (its oldest active source's newest) is past `moment`."""
         sources = self._newest.get(partition)
-        return bool(sources) and min(sources.values()) > moment
+        if not sources:
+            return False
+        idle = self.source_idle_seconds
+        if idle is None:
+            return min(sources.values()) > moment
+        at = self._monotonic()
+        if at - self._first_heard[partition] < idle:
+            return False  # just started here: sources not heard yet may still hold the watermark back
+        heard = self._heard[partition]
+        active = [newest for source, newest in sources.items() if at - heard[source] <= idle]
+        # Every source quiet: nothing arrives, so nothing grows; the oldest still holds.
+        return min(active or sources.values()) > moment
 
 
 @functools.lru_cache(maxsize=65536)  # pure Python murmur2 per record showed in profiles

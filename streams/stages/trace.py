@@ -112,7 +112,7 @@ class TraceStage:
                 tenant_id=event.tenant_id,
                 trace_id=event.trace_id,
                 partition=record.partition,
-                last_event_time=event.timestamp,
+                last_event_time=self.clock.bounded(event.timestamp),
             )
         emitted_before = out.emitted_bytes
         changed = self._apply(state, event, record, out)
@@ -159,7 +159,8 @@ class TraceStage:
         return state.model_copy(
             update={
                 **changes,
-                "last_event_time": max(state.last_event_time, event.timestamp),
+                # Bounded as the expiry clock is: a far-future date would keep the trace for ever.
+                "last_event_time": max(state.last_event_time, self.clock.bounded(event.timestamp)),
                 **remembering(state, event.event_id, produced),
             }
         )

@@ -74,6 +74,7 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
         CALIBRATION_WINDOW_HOURS="2",
         CALIBRATION_JOIN_WINDOW_HOURS="2",
         SWEEP_INTERVAL_SECONDS="1",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
     )
     f = EventFactory(tenant="cal")
     rng = random.Random(20261123)

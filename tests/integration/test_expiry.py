@@ -6,7 +6,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from streams.harness import RunningBroker
 from streams.stages.common import key_partition
@@ -84,6 +84,11 @@ def test_state_expires_per_partition_and_a_future_dated_event_cannot_wipe_it(kaf
         d.produce([future])
         d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {future["event_id"]}))
         _wait_for_status(port, "/traces/future/kept-trace", 404, "state behind the clock was never swept")
+        # The future trace's own expiry counts from that bound too, not from 2999 (it would never go).
+        status, body = http_get(port, "/traces/future/future-trace", timeout=5)
+        assert status == 200
+        kept_until = datetime.fromisoformat(json.loads(body)["last_event_time"])
+        assert kept_until <= datetime.now(UTC) + timedelta(hours=1, minutes=1)
         # A trace at the wall clock's time is 1 h behind the bounded clock, within its 2 h TTL: it stays
         # (unbounded, the 2999 clock would have swept it, and every other trace, at the next sweep).
         now_trace = EventFactory(tenant="future").tool("now-trace", "find", "x")
@@ -108,6 +113,7 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
         partitions=2,
         CLAIM_TTL_DAYS="1",
         SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
         EVENT_TIME_MAX_AHEAD_HOURS="1000000",
     )
     d.start_worker()

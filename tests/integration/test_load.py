@@ -250,6 +250,7 @@ def test_sustained_load_at_80_percent_of_max(kafka: RunningBroker, request: pyte
         HISTORY_WINDOW_HOURS=f"{2_000 * hours:.6f}",
         HISTORY_RETENTION_HOURS=f"{4_000 * hours:.6f}",
         SWEEP_INTERVAL_SECONDS="1",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast a short run
         # Synthetic event times run days past the wall clock: let the expiry clock follow them.
         EVENT_TIME_MAX_AHEAD_HOURS="1000000",
     )

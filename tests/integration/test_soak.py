@@ -142,6 +142,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # Scores wait for outcomes CALIBRATION_JOIN_WINDOW_HOURS of event time (7 days by default).
         CALIBRATION_JOIN_WINDOW_HOURS=f"{ttl_hours:.6f}",
         SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",
         # Input alignment scaled like the TTLs above: the default lead (2 h) is a twelfth of the default
         # trace TTL (24 h), and unscaled it would be most of this run's TTL.
         INPUT_ALIGNMENT_MAX_LEAD_HOURS=f"{ttl_hours / 12:.6f}",

@@ -205,6 +205,12 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     assert (round(view["interval"]["lower"], 4), round(view["interval"]["upper"], 4)) == (0.448, 0.672)
     status, view = _get(deployment, "/claims/claims-tenant/one-source?min_lower=0.7")
     assert view["matches"] is False
+    for bad in ("nan", "inf", "-inf"):  # a filter that can never hold is a client error
+        assert _get(deployment, f"/claims/claims-tenant/one-source?min_lower={bad}") == (
+            400,
+            {"error": "filters must be finite numbers"},
+        ), bad
+    assert _get(deployment, "/claims/claims-tenant/one-source?min_width=abc")[0] == 400
 
 
 def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment) -> None:

@@ -17,13 +17,22 @@ from streams.config import load_settings, scoring_configs
 from streams.events import OutcomeEvent
 from streams.scoring import calibration
 from streams.stages import CalibrationStage, InputRecord
-from streams.stages.calibration import CalibrationWrite, Table, group_key, hour_key, subject_key
+from streams.stages.calibration import (
+    CalibrationWrite,
+    Table,
+    group_key,
+    hour_key,
+    subject_key,
+    upstream,
+)
+from streams.stages.common import ExpiryClock, tenant_partition
 from streams.state import (
     CalibrationItem,
     CalibrationMessage,
     CalibrationSubject,
     GroupCalibration,
     HourBucket,
+    SubjectEntry,
 )
 
 # Recent: the stage bounds event times at the wall clock plus EVENT_TIME_MAX_AHEAD_HOURS.
@@ -46,9 +55,12 @@ class _Worker:
     def load(self, _table: Table, key: bytes) -> BaseModel | None:
         return self.tables.get(key)
 
-    def feed(self, *items: CalibrationItem) -> tuple[list[Any], dict[bytes, CalibrationWrite]]:
-        message = CalibrationMessage(tenant_id=TENANT, items=list(items), source=1_000_000)
-        record = InputRecord("calibration", 0, self.offset, 1.0, message.model_dump_json().encode())
+    def feed(
+        self, *items: CalibrationItem, source: int = upstream("trace", 0)
+    ) -> tuple[list[Any], dict[bytes, CalibrationWrite]]:
+        message = CalibrationMessage(tenant_id=TENANT, items=list(items), source=source)
+        partition = tenant_partition(TENANT, self.settings.topic_partitions)  # as stage 1-3 send it
+        record = InputRecord("calibration", partition, self.offset, 1.0, message.model_dump_json().encode())
         self.offset += 1
         records, writes = self.stage.process([record], self.load)
         for key, write in writes.items():
@@ -169,3 +181,21 @@ def test_a_bucket_the_group_never_counted_does_not_fail_the_group() -> None:
 def test_the_window_is_at_least_one_hour() -> None:
     with pytest.raises(ValueError, match="calibration_window_hours"):
         load_settings(calibration_window_hours=0.5)
+
+
+def test_an_upstream_that_went_quiet_no_longer_holds_expiry_back() -> None:
+    """One claim's score from the claims stage, then only responses for days: the claims source's old
+    time was the partition's watermark for ever, and no subject was swept until a restart."""
+    worker = _Worker(calibration_join_window_hours=24)
+    wall = [0.0]
+    worker.stage.clock = ExpiryClock(timedelta(hours=1), 60, monotonic=lambda: wall[0])
+    day = 24 * 60
+    worker.feed(_score("r0", -5 * day), source=upstream("claims", 0))
+    for n in range(1, 5):
+        wall[0] += 100  # the claims stage sends nothing more
+        worker.feed(_score(f"r{n}", (n - 5) * day))
+    old, recent = subject_key(TENANT, "response", "r0"), subject_key(TENANT, "response", "r4")
+    old_entry, recent_entry = worker.tables[old], worker.tables[recent]
+    assert isinstance(old_entry, SubjectEntry) and isinstance(recent_entry, SubjectEntry)
+    assert worker.stage.sweep_subject(old, old_entry)[0] is None  # past its 24 h join window
+    assert worker.stage.sweep_subject(recent, recent_entry)[0] is recent_entry

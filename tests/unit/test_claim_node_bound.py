@@ -292,3 +292,18 @@ def test_a_claim_whose_derivations_are_too_entangled_is_dead_lettered_and_change
     # No definition stored (a node may exist as a stub: earlier claims derive from it).
     assert all(w.node(c).get("definition") is None for c in refused if orjson.dumps(["t", c]) in w.table)
     assert "e9" in {o["source_event_id"] for o in stage_records.scored(records)}
+
+
+def test_a_far_future_claim_expires_from_the_clocks_bound_not_its_date() -> None:
+    """Its node, and the neighbour it touches, count their TTL from the wall clock plus
+    EVENT_TIME_MAX_AHEAD_HOURS: stored as 2999 they would never be swept."""
+    w = _Worker(limit=1_040_000)
+    future = _claim(1, "future", relationships=[_supports("target")])
+    future["timestamp"] = "2999-01-01T00:00:00+00:00"
+    records = w.run([_claim(0, "target"), future], [1, 1])
+    bound = datetime.now(UTC) + timedelta(hours=w.settings.event_time_max_ahead_hours, minutes=1)
+    for claim_id in ("future", "target"):
+        assert datetime.fromisoformat(w.node(claim_id)["last_event_time"]) <= bound, claim_id
+    # Scoring still uses the event's own time (staleness as of 2999).
+    own = next(o for o in stage_records.scored(records) if o["claim_id"] == "future")
+    assert own["as_of"].startswith("2999-01-01")

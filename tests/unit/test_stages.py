@@ -97,6 +97,28 @@ def test_expiry_clock_is_per_partition_and_a_watermark_over_sources() -> None:
     assert clock.latest(0) == t0 + 2 * hour and clock.latest(2) is None
 
 
+def test_a_quiet_source_leaves_the_watermark_and_a_fresh_partition_waits_for_its_sources() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from streams.stages.common import ExpiryClock
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    wall = [0.0]
+    clock = ExpiryClock(max_ahead=hour, source_idle_seconds=60, monotonic=lambda: wall[0])
+    clock.saw(0, t0, source=1)  # e.g. the claims stage: one claim, then no more for this partition
+    clock.saw(0, t0 + 5 * hour, source=2)
+    wall[0] = 30
+    assert not clock.passed(0, t0 - hour)  # within the start-up grace: nothing has passed yet
+    wall[0] = 61
+    clock.saw(0, t0 + 10 * hour, source=2)
+    assert clock.passed(0, t0 + 9 * hour)  # source 1 sent nothing for 61 s: left out
+    clock.saw(0, t0 + 6 * hour, source=1)  # it sends again: it holds the watermark again
+    assert not clock.passed(0, t0 + 9 * hour) and clock.passed(0, t0 + 5 * hour)
+    wall[0] = 500  # every source quiet: the oldest holds
+    assert not clock.passed(0, t0 + 9 * hour) and clock.passed(0, t0 + 5 * hour)
+
+
 def test_an_input_remembered_in_a_compressed_block_is_re_emitted_unchanged() -> None:
     from streams.state import REMEMBERED_BLOCK
 
