@@ -25,7 +25,7 @@ def _worker(_: argparse.Namespace) -> int:
     from streams.batch_runner import EXIT_BATCH_FAILED
     from streams.config import load_settings
     from streams.lag import attach_lag_monitor
-    from streams.topics import PartitionMismatch, ensure_topics
+    from streams.topics import TopicProblem, ensure_topics
     from streams.views import attach_views
 
     settings = load_settings()
@@ -33,7 +33,7 @@ def _worker(_: argparse.Namespace) -> int:
     # Every topic must exist with the expected partitions before anything consumes (README "Guarantees").
     try:
         asyncio.run(ensure_topics(settings, changelog_topics(svc)))
-    except PartitionMismatch as exc:
+    except TopicProblem as exc:
         print(f"confidence-streams worker: {exc}", file=sys.stderr)
         return 2
     claim_facts = attach_agents(svc)
@@ -54,7 +54,7 @@ def _worker(_: argparse.Namespace) -> int:
 def _topics(args: argparse.Namespace) -> int:
     from streams.app import changelog_topics, create_app
     from streams.config import load_settings
-    from streams.topics import create_topics
+    from streams.topics import TopicProblem, ensure_topics
 
     overrides: dict[str, object] = {}
     if args.partitions is not None:
@@ -62,7 +62,11 @@ def _topics(args: argparse.Namespace) -> int:
     if args.input_retention_ms is not None:
         overrides["input_retention_ms"] = args.input_retention_ms
     settings = load_settings(**overrides)
-    created = asyncio.run(create_topics(settings, changelog_topics(create_app(settings))))
+    try:  # as the worker checks them: the missing ones created, partition counts verified
+        created = asyncio.run(ensure_topics(settings, changelog_topics(create_app(settings))))
+    except TopicProblem as exc:
+        print(f"confidence-streams topics create: {exc}", file=sys.stderr)
+        return 2
     print("created:", ", ".join(created) or "nothing (all topics existed)")
     return 0
 

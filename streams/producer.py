@@ -150,7 +150,10 @@ class EventProducer:
     """Publishes input events to the service's input topic; use as `async with EventProducer() as p`.
 
     Bootstrap servers, input topic and the size limits come from the service's settings
-    (`load_settings()`, i.e. the same environment variables) unless passed here; `kafka_options` go to
+    (`load_settings()`, i.e. the same environment variables) unless passed here. Given both
+    `bootstrap_servers` and `topic` (and no `settings`), the environment is not read at all and the
+    size limits are the service's defaults: an agent's process has its own variables (a `LOG_LEVEL`
+    the worker would refuse must not stop its producer). `kafka_options` go to
     aiokafka's AIOKafkaProducer (security, SASL, compression, ...). A record counts as sent once all
     in-sync replicas have it (acks=all). Idempotence is off by default because the embedded test broker
     (Tansu 0.6.0) refuses InitProducerId. Without it a retried request may write a record twice: the
@@ -170,7 +173,9 @@ class EventProducer:
         max_batch_size: int = 262_144,
         **kafka_options: Any,
     ) -> None:
-        settings = settings if settings is not None else load_settings()
+        if settings is None:
+            explicit = bootstrap_servers is not None and topic is not None
+            settings = Settings.model_construct() if explicit else load_settings()  # defaults only
         self.topic = topic or settings.input_topic_names[0]
         self.bootstrap_servers = bootstrap_servers or settings.kafka_bootstrap_servers
         self._max_event_bytes = settings.max_event_bytes

@@ -11,17 +11,32 @@ import logging
 from collections.abc import Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from streams.config import Settings
 
-__all__ = ["PartitionMismatch", "create_topics", "ensure_topics", "topic_specs"]
+__all__ = [
+    "PartitionMismatch",
+    "TopicNotCreated",
+    "TopicProblem",
+    "create_topics",
+    "ensure_topics",
+    "topic_specs",
+]
 
 log = logging.getLogger(__name__)
 
 
-class PartitionMismatch(RuntimeError):
+class TopicProblem(RuntimeError):
+    """The topics are not as the worker needs them: it must not consume (README "Guarantees")."""
+
+
+class PartitionMismatch(TopicProblem):
     """A topic the worker reads exists with another partition count than TOPIC_PARTITIONS."""
+
+
+class TopicNotCreated(TopicProblem):
+    """The broker refused to create a missing topic (e.g. a replication factor above its brokers)."""
 
 
 def topic_specs(settings: Settings, changelogs: Iterable[str] = ()) -> list[NewTopic]:
@@ -93,11 +108,16 @@ async def _create_missing(settings: Settings, changelogs: list[str]) -> tuple[li
         for spec in specs:
             if spec.name in names:
                 continue
-            try:
-                await admin.create_topics([spec])
-                created.append(spec.name)
-            except TopicAlreadyExistsError:
-                pass
+            # The broker answers per topic with an error code; aiokafka raises for none of them.
+            response = await admin.create_topics([spec])
+            for topic, code, *message in response.topic_errors:
+                if code == 0:
+                    created.append(topic)
+                elif for_code(code) is not TopicAlreadyExistsError:  # created meanwhile: fine
+                    detail = f": {message[0]}" if message and message[0] else ""
+                    raise TopicNotCreated(
+                        f"the broker refused to create topic {topic} ({for_code(code).__name__}{detail})"
+                    )
         described = await admin.describe_topics([s.name for s in specs if s.name in names])
         existing = {t["topic"]: len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
     finally:

@@ -90,6 +90,17 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         check=False,
     )
     assert again.returncode == 0 and "nothing (all topics existed)" in again.stdout
+    # Asked for another partition count than the existing topics have: said, not "created: nothing".
+    other = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "topics", "create", "--partitions", "8"],
+        env={**env, "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert other.returncode == 2, other.stdout
+    assert "has 3 partitions but TOPIC_PARTITIONS=8" in other.stderr
 
 
 async def _produce_one_by_one(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> Counter[int]:

@@ -182,6 +182,17 @@ def test_settings_and_overrides() -> None:
     assert (chosen.bootstrap_servers, chosen.topic) == ("k2:9092", "other")
 
 
+def test_given_broker_and_topic_the_kit_ignores_the_agents_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOG_LEVEL", "WARNING")  # the agent's own variable; the worker would refuse it
+    monkeypatch.setenv("WEB_PORT", "not a port")
+    producer = EventProducer(bootstrap_servers="k3:9092", topic="agent-events")
+    assert (producer.bootstrap_servers, producer.topic) == ("k3:9092", "agent-events")
+    with pytest.raises(ValidationError, match="log_level"):
+        EventProducer(topic="agent-events")  # the broker from the environment: it is read, and refused
+
+
 async def test_events_the_service_would_dead_letter_are_not_sent() -> None:
     producer = EventProducer(load_settings(max_event_bytes=2048, max_array_items=10))
     big = build(LlmResponse, **{**RESPONSE, "response": "x" * 4096})

@@ -1,0 +1,64 @@
+"""Topic setup against a broker that refuses: aiokafka returns per-topic error codes and raises for none."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+from aiokafka.admin import NewTopic
+
+import streams.topics
+from streams.config import load_settings
+from streams.topics import TopicNotCreated, create_topics, ensure_topics
+
+SETTINGS = load_settings()
+
+
+class _Admin:
+    """Answers CreateTopics with `codes[name]` (0 when absent), as a broker does."""
+
+    codes: ClassVar[dict[str, int]] = {}
+    existing: ClassVar[set[str]] = set()
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def list_topics(self) -> list[str]:
+        return sorted(self.existing)
+
+    async def create_topics(self, specs: list[NewTopic]) -> Any:
+        errors = [(s.name, self.codes.get(s.name, 0), "replication factor: 3 larger than 1") for s in specs]
+        return SimpleNamespace(topic_errors=errors)
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        return [{"topic": n, "partitions": [0] * SETTINGS.topic_partitions, "error_code": 0} for n in names]
+
+
+@pytest.fixture
+def admin(monkeypatch: pytest.MonkeyPatch) -> type[_Admin]:
+    monkeypatch.setattr(streams.topics, "AIOKafkaAdminClient", _Admin)
+    _Admin.codes, _Admin.existing = {}, set()
+    return _Admin
+
+
+def test_a_refused_creation_is_an_error_naming_the_topic_and_the_brokers_reason(admin: type[_Admin]) -> None:
+    admin.codes = {SETTINGS.scored_topic: 38}  # INVALID_REPLICATION_FACTOR
+    with pytest.raises(TopicNotCreated, match=f"{SETTINGS.scored_topic}.*InvalidReplicationFactor.*larger"):
+        asyncio.run(ensure_topics(SETTINGS))
+    with pytest.raises(TopicNotCreated):
+        asyncio.run(create_topics(SETTINGS))
+
+
+def test_a_topic_created_meanwhile_by_someone_else_is_fine(admin: type[_Admin]) -> None:
+    admin.codes = {SETTINGS.scored_topic: 36}  # TOPIC_ALREADY_EXISTS: another worker was faster
+    created = asyncio.run(ensure_topics(SETTINGS))
+    assert SETTINGS.scored_topic not in created
+    assert SETTINGS.dlq_topic in created
