@@ -137,10 +137,17 @@ def _report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
+    from pydantic import ValidationError
+
+    from streams.config import Settings
+
     parser = argparse.ArgumentParser(prog="confidence-streams", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
-        "worker", help="run a Faust worker (configuration from the environment)"
+        "worker",
+        help="run a Faust worker (configuration from the environment)",
+        description="Runs a worker. It takes no arguments: every setting is an environment variable "
+        '(README "Configuration").',
     ).set_defaults(run=_worker)
     topics = commands.add_parser("topics", help="manage the service's topics")
     topics_commands = topics.add_subparsers(dest="topics_command", required=True)
@@ -182,17 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--title", default="confidence report", help="title of the page and the image")
     report.set_defaults(run=_report)
 
-    # `worker` hands the remaining argv to Faust's own command line.
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["worker"]:
-        sys.argv = [sys.argv[0], "worker", *argv[1:]]
-        logging.basicConfig(level=logging.INFO)
-        return _worker(argparse.Namespace())
+    # argparse refuses arguments `worker` does not take (they were once meant for Faust's command
+    # line, which never read them): the worker is configured from the environment only.
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker keeps its own log
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices (report)
-    return int(args.run(args))
+    try:
+        if args.command == "worker":
+            sys.argv = [sys.argv[0], "worker"]  # what Faust's Worker reads as its own command line
+            logging.basicConfig(level=logging.INFO)
+            return _worker(args)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker logs its own
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices (report)
+        return int(args.run(args))
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        # One line per mistake, named as the user set it (the environment variable), no traceback.
+        for error in exc.errors(include_url=False, include_input=False):
+            name = "_".join(str(part) for part in error["loc"]).upper() or "configuration"
+            print(f"confidence-streams: {name}: {error['msg']}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.scoring.claims import ClaimsConfig
 from streams.scoring.composite import CompositeConfig
-from streams.scoring.evidence import EvidenceConfig
+from streams.scoring.evidence import CATEGORY_ORDER, EvidenceConfig
 from streams.scoring.response import ResponseConfig
 from streams.scoring.synthesis import SynthesisConfig
 
@@ -251,7 +251,18 @@ class Settings(BaseSettings):
         for pair in value.split(","):
             if pair.strip() and "=" not in pair:
                 raise ValueError(f"EVIDENCE_TOOL_CATEGORIES entry {pair!r} is not tool=category")
+            category = pair.split("=", 1)[-1].strip()
+            if pair.strip() and category not in CATEGORY_ORDER:  # a typo would score the tool 0, silently
+                raise ValueError(
+                    f"EVIDENCE_TOOL_CATEGORIES entry {pair.strip()!r}: unknown category {category!r}, "
+                    f"expected one of {', '.join(CATEGORY_ORDER)}"
+                )
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value  # INFO as well as info
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> Settings:

@@ -39,6 +39,8 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("TOPIC_PARTITIONS", "0"),
         ("INPUT_TOPICS", " , "),
         ("LOG_LEVEL", "warning"),  # Faust's slow spinner mode
+        ("EVIDENCE_TOOL_CATEGORIES", "find=serch"),  # a typo scored the tool 0, silently
+        ("CALIBRATION_WINDOW_HOURS", "0.5"),  # hourly buckets: under 1 counted nothing
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -137,3 +139,25 @@ def test_web_host_defaults_to_this_machine_as_faust_does(monkeypatch: pytest.Mon
     settings = load_settings()
     assert settings.web_host == socket.gethostname()
     assert create_app(settings).app.conf.canonical_url.host == socket.gethostname().lower()
+
+
+def test_log_level_is_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOG_LEVEL", "INFO")
+    assert load_settings().log_level == "info"
+
+
+def test_a_configuration_mistake_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CONFIDENCE_ON_LOW", "explode")
+    assert main(["topics", "describe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("confidence-streams: CONFIDENCE_ON_LOW: ") and len(err.splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_the_worker_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["worker", "--web-port", "7000"])  # it used to be dropped silently
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --web-port 7000" in capsys.readouterr().err
