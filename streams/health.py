@@ -39,8 +39,13 @@ class Health:
         alive, reason = self.liveness()
         if not alive:
             return False, reason
+        # Faust keeps `rebalancing` set while it restores, and sets `recovery.completed` only once: ask
+        # the restore first, and a worker that never had partitions is joining, not restoring.
+        recovery = app.tables.recovery
+        if recovery.in_recovery:
+            return False, "restoring tables from their changelogs"
         if app.rebalancing:
             return False, "rebalancing: partitions not assigned yet"
-        if not app.tables.recovery.completed.is_set():
-            return False, "restoring tables from their changelogs"
+        if not recovery.completed.is_set():
+            return False, "joining the consumer group: no partitions assigned yet"
         return True, "ready"

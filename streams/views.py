@@ -6,11 +6,13 @@ Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import orjson
 from faust.exceptions import SameNode
 from faust.web import Request, Response, View
@@ -29,6 +31,11 @@ __all__ = [
     "calibration_summary",
     "claim_matches",
 ]
+
+
+# A view for a key another worker owns is forwarded to it; until the group notices that worker is gone
+# (the session timeout), forwarding fails: a 503 the caller can retry, not a 500 page.
+OWNER_UNREACHABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 def _json(web: Any, body: object, status: int = 200) -> Response:
@@ -122,7 +129,12 @@ def attach_views(
                 "status": "ready" if ready else "not_ready",
                 "reason": reason,
                 "app_id": svc.settings.app_id,
-                "assigned_partitions": len(app.consumer.assignment()) if ready else None,
+                # Partitions it consumes (inputs, internal topics), not the changelogs it restores.
+                "assigned_partitions": (
+                    sum(not tp.topic.endswith("-changelog") for tp in app.consumer.assignment())
+                    if ready
+                    else None
+                ),
             }
             return _json(self.web, body, 200 if ready else 503)
 
@@ -140,6 +152,8 @@ def attach_views(
                 pass
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this trace yet"}, 503)
+            except OWNER_UNREACHABLE:
+                return _json(self.web, {"error": "the worker that owns this trace did not answer"}, 503)
             raw = svc.traces.get(table_key(tenant_id, trace_id))
             if raw is None:
                 return _json(self.web, {"error": "unknown trace"}, 404)
@@ -169,6 +183,8 @@ def attach_views(
                 pass
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this claim yet"}, 503)
+            except OWNER_UNREACHABLE:
+                return _json(self.web, {"error": "the worker that owns this claim did not answer"}, 503)
             try:
                 filters = {
                     name: _float_param(request, name)
@@ -217,6 +233,8 @@ def attach_views(
                 pass
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this agent yet"}, 503)
+            except OWNER_UNREACHABLE:
+                return _json(self.web, {"error": "the worker that owns this agent did not answer"}, 503)
             try:
                 param = _float_param(request, "hours")
             except ValueError:
@@ -254,6 +272,8 @@ def attach_views(
                 pass
             except ServiceUnavailable:
                 return _json(self.web, {"error": "no worker owns this tenant yet"}, 503)
+            except OWNER_UNREACHABLE:
+                return _json(self.web, {"error": "the worker that owns this tenant did not answer"}, 503)
             try:
                 param = _float_param(request, "target_precision")
             except ValueError:

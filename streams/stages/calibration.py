@@ -203,9 +203,12 @@ class CalibrationStage:
     ) -> None:
         key = subject_key(tenant, subject.subject_type, subject.subject_id)
         entry = batch.subject(key)
+        # The latest score wins by arrival, not event time: a subject's scores all come from one
+        # upstream partition (its trace's, its tenant and agent's, its tenant's), in the order they
+        # were made, and a re-delivered input sends no score again (a replayed batch sends the same
+        # scores in the same order). A trace re-scored by an input with an earlier timestamp is
+        # judged by its new score.
         subject = self._bounded_subject(subject)
-        if entry.subject is not None and entry.subject.event_time > subject.event_time:
-            return  # an older score (re-delivered or overtaken): keep the newer one
         for outcome in entry.waiting:
             self._apply(tenant, subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)

@@ -145,8 +145,9 @@ class ClaimStage:
         batch.size_bound.update(bounds)
         event_time = message.arrived.event_time
         self.clock.saw(record.partition, event_time, source=message.source_partition)
+        redelivered = not update.nodes  # its remembered score again: not a new score to calibrate
         for score in update.scores:
-            self._emit(tenant, score, message.received_at, record.partition, out)
+            self._emit(tenant, score, message.received_at, record.partition, out, calibrate=not redelivered)
 
     def _checked_size(
         self, key: bytes, node: claim_graph.ClaimNode, record: InputRecord, batch: _Batch
@@ -163,7 +164,13 @@ class ClaimStage:
         return self.node_bound.checked(estimate, lambda: len(key) + batch.sizes.measure(key, node), record)
 
     def _emit(
-        self, tenant: str, score: claim_graph.ClaimScore, received_at: float, partition: int, out: Outputs
+        self,
+        tenant: str,
+        score: claim_graph.ClaimScore,
+        received_at: float,
+        partition: int,
+        out: Outputs,
+        calibrate: bool = True,
     ) -> None:
         output = ClaimScored(
             event_id=output_event_id("CLAIM_SCORED", score.source_event_id, tenant, score.claim_id),
@@ -177,7 +184,7 @@ class ClaimStage:
             cause=score.cause,
         ).model_dump(mode="json")
         out.emit(output, score.trace_id.encode(), is_flagged(output), received_at)
-        if self.settings.calibration_enabled:
+        if self.settings.calibration_enabled and calibrate:
             subject = CalibrationSubject(
                 subject_type="claim",
                 subject_id=score.claim_id,

@@ -55,5 +55,17 @@ def test_a_view_asked_of_either_worker_answers_for_every_trace(kafka: RunningBro
 
         seen = poll(answers, lambda got: set(got.values()) == {200}, timeout=60)
         assert set(seen.values()) == {200}, sorted(k for k, status in seen.items() if status != 200)
+
+        # The second worker dies (no LeaveGroup): until the group notices, the first still forwards
+        # views of its keys there. They answer 503 with JSON (a retry later succeeds), never a 500 page.
+        gone = d.workers[1].process
+        assert gone is not None
+        gone.kill()
+        gone.wait(timeout=10)
+        after = {t: _get(HOSTS[0], port, f"/traces/route/{t}") for t in traces}
+        assert {status for status, _ in after.values()} <= {200, 503}, after
+        unreachable = [body for status, body in after.values() if status == 503]
+        assert unreachable, "no view was forwarded to the dead worker (each owned half of the traces)"
+        assert all(b"did not answer" in body or b"no worker owns" in body for body in unreachable)
     finally:
         d.stop()

@@ -199,3 +199,14 @@ def test_an_upstream_that_went_quiet_no_longer_holds_expiry_back() -> None:
     assert isinstance(old_entry, SubjectEntry) and isinstance(recent_entry, SubjectEntry)
     assert worker.stage.sweep_subject(old, old_entry)[0] is None  # past its 24 h join window
     assert worker.stage.sweep_subject(recent, recent_entry)[0] is recent_entry
+
+
+def test_a_subject_keeps_the_score_that_arrived_last_even_with_an_older_event_time() -> None:
+    """A trace re-scored by a tool call timestamped earlier than the one before (agents' clocks, or a
+    call logged late): the service now holds the new score, and outcomes are judged against it."""
+    worker = _Worker()
+    worker.feed(_score("r1", 10, score=0.65))
+    worker.feed(_score("r1", 5, score=0.77))
+    entry = worker.tables[subject_key(TENANT, "response", "r1")]
+    assert isinstance(entry, SubjectEntry) and entry.subject is not None
+    assert entry.subject.scores == {"response": 0.77}

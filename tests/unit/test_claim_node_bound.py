@@ -307,3 +307,25 @@ def test_a_far_future_claim_expires_from_the_clocks_bound_not_its_date() -> None
     # Scoring still uses the event's own time (staleness as of 2999).
     own = next(o for o in stage_records.scored(records) if o["claim_id"] == "future")
     assert own["as_of"].startswith("2999-01-01")
+
+
+def test_a_re_delivered_claim_re_emits_its_score_but_sends_calibration_nothing() -> None:
+    """Calibration keeps each subject's latest score by arrival: a re-delivered old input must not send
+    its remembered score again, or it would replace the score the claim has now."""
+    w = _Worker(limit=1_040_000)
+    x = _claim(0, "x")
+    contradicting = _claim(1, "y", relationships=[{"type": "contradicts", "target": "x", "strength": 0.9}])
+    records = w.run([x, contradicting, x], [1, 1, 1])
+
+    def calibration_items(offset_records: list[Record]) -> list[dict[str, Any]]:
+        return [
+            item
+            for r in offset_records
+            if r.topic == w.settings.calibration_topic
+            for part in r.value.split(b"\n")
+            for item in orjson.loads(part)["items"]
+        ]
+
+    subjects = [i["subject"]["subject_id"] for i in calibration_items(records)]
+    assert subjects == ["x", "y", "x"]  # x, then y's score and x's re-score; nothing for the re-delivery
+    assert sum(o["claim_id"] == "x" for o in stage_records.scored(records)) == 3  # re-emitted all the same

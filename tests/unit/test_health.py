@@ -1,0 +1,44 @@
+"""/readyz's reason for each phase Faust goes through (through the broker: test_reliability.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from streams.health import Health
+
+
+def _app(*, rebalancing: bool, in_recovery: bool, completed: bool) -> SimpleNamespace:
+    done = asyncio.Event()
+    if completed:
+        done.set()
+    recovery = SimpleNamespace(in_recovery=in_recovery, completed=done)
+    return SimpleNamespace(rebalancing=rebalancing, tables=SimpleNamespace(recovery=recovery))
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        # Faust's flags in each phase, as a worker goes through them (rebalancing stays set while it restores).
+        (
+            {"rebalancing": False, "in_recovery": False, "completed": False},
+            (False, "joining the consumer group"),
+        ),
+        ({"rebalancing": True, "in_recovery": False, "completed": False}, (False, "rebalancing")),
+        ({"rebalancing": True, "in_recovery": True, "completed": False}, (False, "restoring tables")),
+        ({"rebalancing": False, "in_recovery": False, "completed": True}, (True, "ready")),
+        ({"rebalancing": True, "in_recovery": True, "completed": True}, (False, "restoring tables")),
+    ],
+)
+def test_readiness_names_the_phase(phase: dict[str, bool], expected: tuple[bool, str]) -> None:
+    ready, reason = Health().readiness(_app(**phase))
+    assert ready is expected[0]
+    assert reason.startswith(expected[1])
+
+
+def test_a_failed_batch_is_not_ready_whatever_faust_says() -> None:
+    health = Health(fatal="score-events failed a batch")
+    ready, reason = health.readiness(_app(rebalancing=False, in_recovery=False, completed=True))
+    assert not ready and reason.startswith("stopping: score-events")
