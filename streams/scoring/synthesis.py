@@ -221,7 +221,7 @@ def synthesize(
     conflicts = _conflicts(claims, cfg)
     excluded = sum(1 for s in sources if not s.included)
     warnings = []
-    if overall < 0.5:
+    if round(overall, 9) < 0.5:  # compared after rounding, as the level is (DESIGN 4b)
         warnings.append(f"Low overall confidence ({overall * 100:.0f}%). Results may be unreliable.")
     if conflicts:
         warnings.append(f"{len(conflicts)} conflicts detected between sources. Review carefully.")

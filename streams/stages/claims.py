@@ -140,14 +140,14 @@ class ClaimStage:
         writes = {table_key(tenant, claim_id): node for claim_id, node in update.nodes.items()}
         # Every node is checked before any is kept: a refused input changes no node at all.
         bounds = {key: self._checked_size(key, node, record, batch) for key, node in writes.items()}
+        redelivered = not update.nodes  # its remembered score again: not a new score to calibrate
+        for score in update.scores:  # before the nodes are kept: if this raised, nothing would be
+            self._emit(tenant, score, message.received_at, record.partition, out, calibrate=not redelivered)
         for key, node in writes.items():
             batch.dirty[key] = ClaimWrite(node, record.partition)
         batch.size_bound.update(bounds)
         event_time = message.arrived.event_time
         self.clock.saw(record.partition, event_time, source=message.source_partition)
-        redelivered = not update.nodes  # its remembered score again: not a new score to calibrate
-        for score in update.scores:
-            self._emit(tenant, score, message.received_at, record.partition, out, calibrate=not redelivered)
 
     def _checked_size(
         self, key: bytes, node: claim_graph.ClaimNode, record: InputRecord, batch: _Batch

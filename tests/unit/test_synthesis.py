@@ -43,6 +43,15 @@ def test_overall_is_length_weighted_over_included_sources() -> None:
     assert result.warnings == ("1 low-confidence sources excluded from synthesis.",)
 
 
+def test_the_low_confidence_warning_compares_after_rounding_as_the_level_does() -> None:
+    # (0.35 * 3 + 0.95 * 1) / 4 is 0.5, computed as 0.49999999999999994: level "low", and no warning.
+    result = synthesize(
+        [sub("a", 0.35, "x" * 3), sub("b", 0.95, "y")], [], SynthesisConfig(min_confidence=0.0)
+    )
+    assert result.overall < 0.5 and result.level == "low"
+    assert result.warnings == ()
+
+
 def test_no_sources() -> None:
     result = synthesize([], [], CFG)
     assert result.overall == 0.0 and result.level == "very_low"
