@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from streams.config import Settings
@@ -19,6 +20,7 @@ __all__ = [
     "PartitionMismatch",
     "TopicNotCreated",
     "TopicProblem",
+    "config_warnings",
     "create_topics",
     "ensure_topics",
     "topic_specs",
@@ -69,20 +71,52 @@ def co_partitioned(settings: Settings, changelogs: Iterable[str] = ()) -> list[s
     return [*settings.input_topic_names, *settings.internal_topics, *changelogs]
 
 
+def config_warnings(
+    settings: Settings, changelogs: Iterable[str], configs: dict[str, dict[str, str]]
+) -> list[str]:
+    """What is wrong with the configs of topics that already existed (created by someone else).
+
+    Warnings, not errors: a longer input retention may be on purpose (replay), but it keeps raw
+    logprobs on the broker; a changelog that is not compacted loses table state past its retention.
+    """
+    warnings = []
+    for name in settings.input_topic_names:
+        if name not in configs:
+            continue
+        retention = configs[name].get("retention.ms")
+        if retention is None or int(retention) < 0 or int(retention) > settings.input_retention_ms:
+            kept = "the broker's default" if retention is None else f"retention.ms={retention}"
+            warnings.append(
+                f"input topic {name} keeps records for {kept}, longer than INPUT_RETENTION_MS="
+                f"{settings.input_retention_ms}: raw token logprobs stay on the broker that long"
+            )
+    for name in changelogs:
+        policy = configs.get(name, {}).get("cleanup.policy")
+        if name in configs and (policy is None or "compact" not in policy):
+            warnings.append(
+                f"changelog topic {name} has cleanup.policy={policy or 'the broker default'}, not compact: "
+                "table state older than its retention is lost when a worker restores"
+            )
+    return warnings
+
+
 async def create_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
     """Create the missing topics; return the names created (existing ones are left as they are)."""
-    created, _ = await _create_missing(settings, list(changelogs))
+    created, _, _ = await _create_missing(settings, list(changelogs))
     log.info("topics created: %s", ", ".join(created) or "none (all existed)")
     return created
 
 
 async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
-    """Before a worker consumes: create what is missing, then check partition counts.
+    """Before a worker consumes: create what is missing, then check partition counts and configs.
 
-    Raises `PartitionMismatch` naming the topic and both counts; returns the names created.
+    Raises `PartitionMismatch` naming the topic and both counts; logs a warning for each existing
+    topic whose retention or cleanup policy differs from ours; returns the names created.
     """
     changelogs = list(changelogs)
-    created, partitions = await _create_missing(settings, changelogs)
+    created, partitions, configs = await _create_missing(settings, changelogs)
+    for warning in config_warnings(settings, changelogs, configs):
+        log.warning("%s", warning)
     for name in co_partitioned(settings, changelogs):
         found = partitions.get(name)
         if found is not None and found != settings.topic_partitions:
@@ -95,8 +129,11 @@ async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> l
     return created
 
 
-async def _create_missing(settings: Settings, changelogs: list[str]) -> tuple[list[str], dict[str, int]]:
-    """Create missing topics; return (created names, partition count of every topic that existed)."""
+async def _create_missing(
+    settings: Settings, changelogs: list[str]
+) -> tuple[list[str], dict[str, int], dict[str, dict[str, str]]]:
+    """Create missing topics; return (created names, partition count of every topic that existed, the
+    configs of the input and changelog topics that existed)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     created: list[str] = []
@@ -120,6 +157,13 @@ async def _create_missing(settings: Settings, changelogs: list[str]) -> tuple[li
                     )
         described = await admin.describe_topics([s.name for s in specs if s.name in names])
         existing = {t["topic"]: len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
+        checked = [n for n in (*settings.input_topic_names, *changelogs) if n in existing]
+        configs: dict[str, dict[str, str]] = {}
+        if checked:
+            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in checked]
+            for response in await admin.describe_configs(resources):
+                for _error, _message, _type, name, entries in response.resources:
+                    configs[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
     finally:
         await admin.close()
-    return created, existing
+    return created, existing, configs

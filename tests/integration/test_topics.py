@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from streams.app import changelog_topics, create_app
@@ -101,6 +101,37 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
     )
     assert other.returncode == 2, other.stdout
     assert "has 3 partitions but TOPIC_PARTITIONS=8" in other.stderr
+
+
+def test_topics_create_names_an_input_topic_someone_else_created_without_short_retention(
+    kafka: RunningBroker,
+) -> None:
+    """A producer that ran first auto-created the input topic (or a platform team made it by hand):
+    partitions fine, retention the broker's default. Raw logprobs would stay that long: said."""
+    suffix = uuid.uuid4().hex[:6]
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "APP_ID": f"retention-{suffix}"}
+    env["INPUT_TOPICS"] = f"in-{suffix}"
+
+    async def create_plain() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(f"in-{suffix}", 4, 1)])  # no retention.ms
+        finally:
+            await admin.close()
+
+    asyncio.run(create_plain())
+    done = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "topics", "create"],
+        env={**env, "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"input topic in-{suffix} keeps records for" in done.stderr
+    assert "raw token logprobs" in done.stderr
 
 
 async def _produce_one_by_one(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> Counter[int]:

@@ -11,7 +11,7 @@ from aiokafka.admin import NewTopic
 
 import streams.topics
 from streams.config import load_settings
-from streams.topics import TopicNotCreated, create_topics, ensure_topics
+from streams.topics import TopicNotCreated, config_warnings, create_topics, ensure_topics
 
 SETTINGS = load_settings()
 
@@ -62,3 +62,22 @@ def test_a_topic_created_meanwhile_by_someone_else_is_fine(admin: type[_Admin]) 
     created = asyncio.run(ensure_topics(SETTINGS))
     assert SETTINGS.scored_topic not in created
     assert SETTINGS.dlq_topic in created
+
+
+def test_existing_topics_with_a_longer_input_retention_or_an_uncompacted_changelog_are_named() -> None:
+    settings = load_settings(input_topics="in", input_retention_ms=3_600_000)
+    configs = {
+        "in": {"retention.ms": "604800000"},  # Apache Kafka reports its default (7 days) too
+        "ok-changelog": {"cleanup.policy": "compact"},
+        "deleting-changelog": {"cleanup.policy": "delete"},
+    }
+    warnings = config_warnings(settings, ["ok-changelog", "deleting-changelog", "missing-changelog"], configs)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("input topic in keeps records for retention.ms=604800000")
+    assert "raw token logprobs" in warnings[0]
+    assert warnings[1].startswith("changelog topic deleting-changelog has cleanup.policy=delete")
+    assert config_warnings(settings, [], {"in": {}})[0].startswith(
+        "input topic in keeps records for the broker's"
+    )
+    assert config_warnings(settings, [], {"in": {"retention.ms": "60000"}}) == []
+    assert config_warnings(settings, [], {"in": {"retention.ms": "-1"}}) != []  # -1: for ever
