@@ -82,7 +82,7 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         assert partitions == 3
         assert configs.get("retention.ms") != "120000"
     again = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "topics", "create"],
+        [sys.executable, "-m", "streams.cli", "topics", "create", "--partitions", "3"],
         env={**env, "PATH": "/usr/bin"},
         capture_output=True,
         text=True,
