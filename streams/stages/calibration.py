@@ -87,10 +87,24 @@ def calibration_records(settings: Settings, outputs: Outputs) -> list[Record]:
         Record(
             settings.calibration_topic,
             tenant.encode(),
-            CalibrationMessage(tenant_id=tenant, items=items, source=source).model_dump_json().encode(),
+            value,
             partition=tenant_partition(tenant, settings.topic_partitions),
         )
         for (tenant, source), items in grouped.items()
+        for value in _messages(tenant, source, items, settings.producer_max_batch_bytes)
+    ]
+
+
+def _messages(tenant: str, source: int, items: list[CalibrationItem], max_bytes: int) -> list[bytes]:
+    """The items as one message, or, past `max_bytes`, as several in order: a batch of many scores with
+    long ids could otherwise make one record over the broker's limit (refused on every restart)."""
+    value = CalibrationMessage(tenant_id=tenant, items=items, source=source).model_dump_json().encode()
+    if len(value) <= max_bytes or len(items) == 1:
+        return [value]
+    half = len(items) // 2
+    return [
+        *_messages(tenant, source, items[:half], max_bytes),
+        *_messages(tenant, source, items[half:], max_bytes),
     ]
 
 

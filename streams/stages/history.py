@@ -32,7 +32,7 @@ from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
 from streams.stages.calibration import calibration_records, upstream
-from streams.stages.common import InputRecord, Outputs, Record, is_flagged, now
+from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, now
 from streams.state import (
     AgentHistory,
     CalibrationItem,
@@ -332,6 +332,8 @@ class AgentStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
+        # Bounds how far an agent's newest time may run ahead of the wall clock (`bounded`).
+        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
 
     def process(
         self, records: list[InputRecord], load: SummaryLoader, load_hour: HourLoader
@@ -382,7 +384,10 @@ class AgentStage:
             return
         comp = output["composite"]
         assert isinstance(comp, dict)
-        newest = when if agent.summary.newest is None else max(agent.summary.newest, when)
+        # The agent's newest time moves at most to the wall clock's bound: one response dated 2062
+        # would otherwise move the retention horizon there and drop every hour the agent has.
+        bounded = self.clock.bounded(when)
+        newest = bounded if agent.summary.newest is None else max(agent.summary.newest, bounded)
         horizon = newest - retention
         if when >= horizon:  # an older response is scored, not kept (it would be pruned at once)
             agent.add(
@@ -397,7 +402,8 @@ class AgentStage:
             )
         agent.update(newest=newest, agent_type=event.agent_type)
         agent.drop_hours_before(horizon)
-        self._observe(pending, output, agent.count(max(when - window, horizon), None))
+        # The agent's last window ends at its newest response, not at this one (which may be late).
+        self._observe(pending, output, agent.count(max(newest - window, horizon), None))
 
     def _scored(self, pending: PendingResponse, history_factor: float) -> dict[str, object]:
         event = pending.event

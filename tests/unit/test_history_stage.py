@@ -164,7 +164,8 @@ def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(
         newest = when if newest is None else max(newest, when)
         horizon = newest - retention
         applied = {i: v for i, v in applied.items() if v[0] >= horizon}
-        recent = [met for t, met, _ in applied.values() if t >= max(when - window, horizon)]
+        # The gauge: the agent's last window, ending at its newest response (not at a late one).
+        recent = [met for t, met, _ in applied.values() if t >= max(newest - window, horizon)]
         assert responses.success_rate() == pytest.approx(sum(recent) / len(recent), abs=1e-12)
     assert newest is not None
     assert {met for _, met, _ in applied.values()} == {True, False}  # factors between 0 and 1 were checked
@@ -305,3 +306,17 @@ def test_a_chunk_encoded_from_its_entries_is_what_pydantic_writes(
         assert entry.encoded == entry.model_dump_json().encode()
     hour = HistoryHour(entries=tuple(entries))
     assert encode_history_hour(hour) == hour.model_dump_json().encode()
+
+
+def test_a_far_future_response_does_not_drop_the_agents_history() -> None:
+    """A response dated 2062 (a mistyped year) moved the agent's newest time there: every hour fell
+    behind the retention horizon and was deleted, and later responses were scored on nothing."""
+    responses = Responses(load_settings(), random.Random(7))
+    start = datetime.now(UTC) - timedelta(hours=5)
+    for i in range(10):
+        responses.score(f"good-{i}", start + timedelta(minutes=i), good=True)
+    responses.score("typo", start.replace(year=2062), good=True)
+    later = responses.score("later", start + timedelta(hours=1), good=True)
+    assert later["composite"]["factors"]["agent_history"] == 1.0  # type: ignore[index]  # the 10 still count
+    (summary,) = responses.tables.summary.values()
+    assert summary.newest is not None and summary.newest <= datetime.now(UTC) + timedelta(hours=1, minutes=1)

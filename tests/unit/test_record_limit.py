@@ -197,3 +197,23 @@ def test_a_busy_agents_hour_of_history_is_stored_in_chunks_under_kafkas_default_
     assert max(map(len, chunks)) <= SETTINGS.history_chunk_bytes
     largest = max(history, key=_size)
     assert _size(largest) <= KAFKA_DEFAULT_LIMIT, f"{_size(largest)} bytes to {largest.topic}"
+
+
+def test_a_batch_of_many_scores_with_long_ids_sends_calibration_in_records_under_the_limit() -> None:
+    """One tenant's scores of a batch travel to calibration as one message: 500 tool calls whose
+    trace id and agent type are 1,024 control characters (6 bytes each, escaped) made one record of
+    6 MB. Split in order instead; stage 4 reads the same items."""
+    long_ids = {"trace_id": "\x01" * ID_MAX_CHARS, "agent_type": "\x02" * ID_MAX_CHARS}
+    inputs = [
+        orjson.dumps(
+            {**BASE, **long_ids, "event_id": f"tool-{i}", "event_type": "TOOL_INVOCATION", "tool": "read"}
+            | {"target": f"f{i}.py", "status": "ok", "result_count": 1}
+        )
+        for i in range(500)
+    ]
+    records = _all_records(inputs)
+    calibration = [r for r in records if r.topic == SETTINGS.calibration_topic]
+    assert len(calibration) > 1
+    assert max(_size(r) for r in calibration) <= SETTINGS.producer_max_batch_bytes + 1_000
+    items = [i for r in calibration for part in r.value.split(b"\n") for i in orjson.loads(part)["items"]]
+    assert len(items) == 500  # a TRACE_SCORED subject per tool call, none lost in the split
