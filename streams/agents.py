@@ -51,7 +51,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
     calibration = svc.calibration_stage
     traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
     histories: dict[str, DecodedStates[Any]] = {
-        "summary": DecodedStates(svc.agents_history, AgentHistory),
+        "summary": DecodedStates(svc.agents_history, AgentHistory, sweep_after=svc.agent_stage.sweep_after),
         "hours": DecodedStates(svc.agent_history_hours, HistoryHour, encoder=encode_history_hour),
     }
     claims = DecodedStates(svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after)
@@ -175,6 +175,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
             claim_facts.forget(key)
+        expired_agents = _sweep_histories(svc, histories, recovery)
         unmatched = _sweep_calibration(svc, calibration_states, recovery)
         m = svc.metrics
         m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
@@ -188,13 +189,16 @@ def attach_agents(svc: Service) -> ClaimFacts:
             ("calibration-hours", svc.calibration_hours),
         ):  # this worker's partitions: not the standby copies its store also holds
             m.table_keys.labels(label).set(table.keys_on(active_partitions(recovery, table)))
-        if expired_traces or expired_claims:
+        if expired_traces or expired_claims or expired_agents:
             log.info(
-                "swept %d expired traces and %d expired claims", len(expired_traces), len(expired_claims)
+                "swept %d expired traces, %d expired claims and %d agents' histories",
+                len(expired_traces),
+                len(expired_claims),
+                expired_agents,
             )
         # Not tied to an input offset, but ordered with the batches that write the same tables: a batch
         # still waiting to send its changelog may hold an older value of a key deleted here.
-        for runner in (trace_runner, claim_runner, calibration_runner):
+        for runner in (trace_runner, history_runner, claim_runner, calibration_runner):
             runner.send_table_changes()
         if unmatched:
             log.info("swept %d outcomes whose score never arrived (unmatched)", unmatched)
@@ -233,6 +237,26 @@ def owned(
 def active_partitions(recovery: Recovery, table: SourcePartitionedTable) -> set[int]:
     """The partitions of `table` this worker owns now (Faust's assignment; not its standby copies)."""
     return {tp.partition for tp in recovery.actives_for_table.get(table, ())}
+
+
+def _sweep_histories(svc: Service, histories: dict[str, DecodedStates[Any]], recovery: Recovery) -> int:
+    """Delete the history of agents silent past HISTORY_RETENTION_HOURS (summary and every chunk);
+    return how many. Agent names need not be a fixed set (one per instance), so they must leave."""
+    stage = svc.agent_stage
+    summaries, hours = histories["summary"], histories["hours"]
+    expired = [
+        (key, summary)
+        for key, summary in summaries.due(owned(recovery, svc.agents_history, stage.clock))
+        if stage.expired(key, summary)
+    ]
+    for key, summary in expired:
+        partition = stage.partition_of(key)
+        for chunk_key in stage.expired_keys(summary):
+            svc.agent_history_hours.set_from(chunk_key, None, partition)
+            hours.forget(chunk_key)
+        svc.agents_history.set_from(key, None, partition)
+        summaries.forget(key)
+    return len(expired)
 
 
 def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]], recovery: Recovery) -> int:

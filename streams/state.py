@@ -116,6 +116,7 @@ class PendingResponse(BaseModel):
     logprobs_present: bool
     heuristic: HeuristicResult
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+    source_partition: int = Field(0, description="Input partition the response came from (expiry watermark).")
 
 
 class HistoryEntry(BaseModel):

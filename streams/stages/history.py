@@ -32,7 +32,7 @@ from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import composite, response
 from streams.stages.calibration import calibration_records, upstream
-from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, now
+from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, key_partition, now
 from streams.state import (
     AgentHistory,
     CalibrationItem,
@@ -332,8 +332,12 @@ class AgentStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        # Bounds how far an agent's newest time may run ahead of the wall clock (`bounded`).
-        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        # Event time per responses partition, a watermark over the input partitions that feed it: an
+        # agent silent for HISTORY_RETENTION_HOURS leaves (`expired`). Also bounds how far an agent's
+        # newest time may run ahead of the wall clock (`bounded`).
+        self.clock = ExpiryClock(
+            timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
+        )
 
     def process(
         self, records: list[InputRecord], load: SummaryLoader, load_hour: HourLoader
@@ -359,6 +363,7 @@ class AgentStage:
         self._apply(agent, pending, record, out)
         # Only once the response was handled: a dead-lettered one changes nothing.
         dirty.update(agent.writes(record.partition))
+        self.clock.saw(record.partition, pending.event.timestamp, source=pending.source_partition)
 
     def _apply(self, agent: _Agent, pending: PendingResponse, record: InputRecord, out: Outputs) -> None:
         event = pending.event
@@ -491,6 +496,31 @@ class AgentStage:
         out.calibrate(
             event.tenant_id, source, CalibrationItem(subject=subject, received_at=pending.received_at)
         )
+
+    # --- expiry (the sweep) -----------------------------------------------------------------------------
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition of an agent's summary key: its responses-topic partition, as stage 1 sends."""
+        return key_partition(key, self.settings.topic_partitions)
+
+    def sweep_after(self, key: bytes, summary: AgentHistory) -> tuple[int, datetime]:
+        """(partition, event time) before which the agent keeps its history: its newest response plus
+        HISTORY_RETENTION_HOURS, when every entry has left the retention (its next response would
+        drop them all anyway)."""
+        newest = summary.newest or max((e.event_time for e in summary.entries), default=None)
+        retention = timedelta(hours=self.settings.history_retention_hours)
+        return self.partition_of(key), (newest or datetime.min.replace(tzinfo=UTC)) + retention
+
+    def expired(self, key: bytes, summary: AgentHistory) -> bool:
+        return self.clock.passed(*self.sweep_after(key, summary))
+
+    def expired_keys(self, summary: AgentHistory) -> list[bytes]:
+        """Every chunk key of an expired agent's hours (its summary key is the caller's)."""
+        return [
+            hour_key(summary.tenant_id, summary.agent_name, counts.hour, chunk)
+            for counts in summary.hours
+            for chunk in range(counts.chunks)
+        ]
 
     def _observe(self, pending: PendingResponse, output: dict[str, object], recent: tuple[int, int]) -> None:
         """Metrics of one scored response; `recent` = (responses, met) of the agent's last window."""

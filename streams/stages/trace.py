@@ -287,6 +287,7 @@ class TraceStage:
             logprobs_present=bool(event.token_logprobs),
             heuristic=heuristic.score_heuristic(event.response),
             received_at=record.timestamp,
+            source_partition=record.partition,
         )
 
     def _send_pending(self, pending: PendingResponse, out: Outputs) -> None:

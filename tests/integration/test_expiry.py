@@ -182,3 +182,34 @@ def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
             _wait_for_status(port, path, 200, f"{path} never stored")
     finally:
         d.stop()
+
+
+def test_an_agent_silent_past_its_history_retention_leaves(kafka: RunningBroker) -> None:
+    """Agent names need not be a fixed set: an agent that stopped answering loses its history once
+    HISTORY_RETENTION_HOURS of event time passed its newest response (its next one would have dropped
+    every hour anyway); before the nineteenth round it stayed for ever."""
+    d = deploy(
+        kafka,
+        partitions=1,
+        HISTORY_RETENTION_HOURS="1",
+        HISTORY_WINDOW_HOURS="1",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",
+    )
+    d.start_worker()
+    try:
+        f = EventFactory(tenant="agents-ttl")
+        quiet = f.response("t-quiet", minutes=0, agent="quiet-agent")
+        d.produce([quiet])
+        d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {quiet["event_id"]}))
+        port = d.web_ports[0]
+        _wait_for_status(port, "/agents/agents-ttl/quiet-agent", 200, "quiet-agent's history never stored")
+        # Three hours later another agent answers: quiet-agent's newest (minute 0) + 1 h has passed.
+        busy = f.response("t-busy", minutes=180, agent="busy-agent")
+        d.produce([busy])
+        d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {busy["event_id"]}))
+        _wait_for_status(port, "/agents/agents-ttl/quiet-agent", 404, "the silent agent was never swept")
+        _wait_for_status(port, "/agents/agents-ttl/busy-agent", 200, "the answering agent was swept")
+        assert "agents' histories" in d.log_text()
+    finally:
+        d.stop()

@@ -24,6 +24,7 @@ from streams import metrics
 from streams.config import Settings, load_settings, scoring_configs
 from streams.scoring import composite
 from streams.stages import AgentStage, InputRecord, TraceStage
+from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite, agent_entries, chunk_bytes_bound, chunked, hour_key, hour_of
 from streams.state import AgentHistory, HistoryEntry, HistoryHour, encode_history_hour, table_key
 
@@ -61,7 +62,9 @@ class Responses:
         self.tables = Tables()
         self.offset = 0
 
-    def score(self, event_id: str, when: datetime, good: bool | None = None) -> dict[str, object]:
+    def score(
+        self, event_id: str, when: datetime, good: bool | None = None, agent_name: str = EXAMPLE["agent_name"]
+    ) -> dict[str, object]:
         # Half well supported (meets the planner's threshold, whatever the history), half not.
         good = self.rng.random() < 0.5 if good is None else good
         retrieval = [{"similarity": 0.99 if good else 0.2, "source": "s"}]
@@ -73,6 +76,7 @@ class Responses:
             "retrieval": retrieval,
             "code_validation": checks,
             "response": "The answer is definitely config/retry.yaml, verified in the code.",
+            "agent_name": agent_name,
         }
         self.offset += 1
         out, _ = self.trace_stage.process(
@@ -320,3 +324,26 @@ def test_a_far_future_response_does_not_drop_the_agents_history() -> None:
     assert later["composite"]["factors"]["agent_history"] == 1.0  # type: ignore[index]  # the 10 still count
     (summary,) = responses.tables.summary.values()
     assert summary.newest is not None and summary.newest <= datetime.now(UTC) + timedelta(hours=1, minutes=1)
+
+
+def test_an_agent_silent_past_the_retention_expires_with_every_chunk() -> None:
+    """Agent names need not be a fixed set (one per instance): a silent agent's summary and chunks
+    stayed for ever, since only its own next response dropped old hours."""
+    settings = load_settings(
+        history_retention_hours=2, history_window_hours=1, history_chunk_bytes=700, topic_partitions=1
+    )
+    responses = Responses(settings, random.Random(3))
+    wall = [0.0]
+    responses.stage.clock = ExpiryClock(timedelta(hours=1), 60, monotonic=lambda: wall[0])
+    for i in range(12):  # two hours, several chunks each
+        responses.score(f"old-{i}", T0 + timedelta(minutes=10 * i))
+    ((key, summary),) = responses.tables.summary.items()
+    chunks = sorted(responses.tables.hours)
+    assert len(chunks) > 2 and sorted(responses.stage.expired_keys(summary)) == chunks
+    wall[0] = 100  # past the start-up grace; the same input partition goes on with another agent
+    responses.score("new", T0 + timedelta(hours=3), agent_name="other-agent")
+    assert not responses.stage.expired(key, summary)  # newest 01:50 + 2 h retention: not yet
+    responses.score("newer", T0 + timedelta(hours=4), agent_name="other-agent")
+    assert responses.stage.expired(key, summary)
+    other = responses.tables.summary[table_key(EXAMPLE["tenant_id"], "other-agent")]
+    assert not responses.stage.expired(table_key(EXAMPLE["tenant_id"], "other-agent"), other)
