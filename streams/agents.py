@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from streams.alignment import attach_input_alignment
 from streams.app import Service, SourcePartitionedTable
-from streams.batch_runner import BatchRunner
+from streams.batch_runner import BatchRunner, stop_worker
 from streams.decoded_states import ClaimFacts, DecodedStates
+from streams.recovery import SeekThenResumeRecovery
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, Record
 from streams.stages.calibration import CalibrationWrite, Table, hour_key
@@ -79,6 +80,10 @@ def attach_agents(svc: Service) -> ClaimFacts:
 
     def load_calibration(table: Table, key: bytes) -> BaseModel | None:
         return calibration_states[table].load(key)
+
+    table_recovery = app.tables.recovery
+    if isinstance(table_recovery, SeekThenResumeRecovery):  # a recovery step that timed out stops the worker
+        table_recovery.on_timeout = lambda reason: stop_worker(svc, reason)
 
     # Made here, not in the agents, so the sweep can send its table changes through them (in order).
     trace_runner = BatchRunner(svc, "score-events", svc.traces)

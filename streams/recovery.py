@@ -24,16 +24,21 @@ A third: a fetch can return records of a paused stream partition *after* the see
 the rebalance and waited it out). Faust's `getmany` skips them, aiokafka's position is past them, and
 the seek that would have brought them back is already done. Our consumer records such partitions
 (streams/transport.py), and the seek is repeated until no stream partition lost records after it.
+Two more guards on Faust's path. A rebalance that starts while the seek is in progress must not
+see this recovery resume the stream partitions (the next recovery does, after restoring); and a
+recovery step that times out must stop the worker: Faust's `_wait` reports a timeout as "stopped",
+and its recovery loop then ends for good, leaving the streams paused while the worker looks alive.
 Everything else is Faust's own code path, unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from faust.tables import TableManager
-from faust.tables.recovery import Recovery
+from faust.tables.recovery import Recovery, ServiceStopped
 
 __all__ = ["SeekThenResumeRecovery", "SeekThenResumeTableManager"]
 
@@ -43,11 +48,29 @@ _MAX_SEEKS = 10
 class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
     """Faust's `Recovery` with stream partitions sought to committed offsets *before* they resume."""
 
-    async def _seek_then_resume_streams(self) -> None:
-        consumer = self.app.consumer
+    # Called with the reason when a recovery step timed out (the worker sets `stop_worker`).
+    on_timeout: Callable[[str], None] | None = None
+
+    async def _wait(self, coro: Any, timeout: Any = None) -> None:
+        try:
+            await super()._wait(coro, timeout=timeout)
+        except ServiceStopped:
+            if self.should_stop or timeout is None:
+                raise  # really stopping
+            reason = f"a table recovery step took longer than {timeout} s: partitions would stay paused"
+            self.log.error(reason)
+            if self.on_timeout is not None:
+                self.on_timeout(reason)
+            raise
+
+    async def _seek_then_resume_streams(self) -> bool:
+        """Seek, then resume; False (nothing resumed) when another rebalance began meanwhile."""
+        app: Any = self.app
+        rebalances = app.rebalancing_count
+        consumer = app.consumer
         assignment = consumer.assignment()
         if not assignment:
-            return
+            return True
         streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
         for attempt in range(1, _MAX_SEEKS + 1):
             # A fetch that returns while the streams are paused drops their records past the
@@ -61,7 +84,13 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
             self.log.info(f"Records of {sorted(dropped & streams)} were fetched during the seek ({attempt})")
         else:
             raise RuntimeError(f"stream partitions kept losing fetched records after {_MAX_SEEKS} seeks")
+        if app.rebalancing_count != rebalances or self.signal_recovery_start.is_set():
+            # Those partitions may not be this worker's any more, and the next recovery restores its
+            # tables before it resumes them: resuming now would let records reach half-restored state.
+            self.log.warning("Another rebalance began during the seek: streams stay paused for its recovery")
+            return False
         consumer.resume_partitions(streams)  # no await since the last check: nothing drops in between
+        return True
 
     async def _seek_to_committed(self, consumer: Any, streams: set[Any]) -> None:
         timeout = self.app.conf.broker_request_timeout
@@ -99,8 +128,8 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
                 f"Recovery rebalancing again app id {app.consumer_generation_id} param {generation_id}"
             )
             return
-        await self._seek_then_resume_streams()
-        await self._start_flow(standbys_ready=not app.assignor.assigned_standbys())
+        if await self._seek_then_resume_streams():
+            await self._start_flow(standbys_ready=not app.assignor.assigned_standbys())
 
     async def _resume_streams(self, generation_id: int = 0) -> None:
         # Same fix for Faust's path without tables to recover.
@@ -109,8 +138,8 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         if app.consumer_generation_id != generation_id:
             self.log.warning("Recovery rebalancing again")
             return
-        await self._seek_then_resume_streams()
-        await self._start_flow(standbys_ready=True)
+        if await self._seek_then_resume_streams():
+            await self._start_flow(standbys_ready=True)
 
 
 class SeekThenResumeTableManager(TableManager):  # type: ignore[misc]

@@ -6,8 +6,11 @@ restart); this test pins the ordering itself, which that test can only catch som
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import pytest
+from faust.tables.recovery import ServiceStopped
 from faust.types import TP
 
 from streams.app import create_app
@@ -97,3 +100,42 @@ def test_the_consistency_check_is_on_unless_the_broker_reports_stale_end_offsets
     env = worker_env(tansu, "-x", "/tmp", 6066)
     settings = load_settings(**{k.lower(): v for k, v in env.items()})
     assert create_app(settings).app.conf.recovery_consistency_check is False
+
+
+class RebalancingConsumer(RecordingConsumer):
+    """A consumer during whose seek another rebalance begins (Faust counts it on the app)."""
+
+    def __init__(self, changelog_topic: str, app: Any) -> None:
+        super().__init__(changelog_topic)
+        self.app = app
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self.app.rebalancing_count += 1  # e.g. a worker joined while this one restored
+        return await super().seek_to_committed()
+
+
+async def test_a_rebalance_that_begins_during_the_seek_leaves_the_streams_paused() -> None:
+    """The next recovery restores the new assignment's tables before it resumes the streams; this
+    one resuming them would let records reach half-restored state."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    consumer = RebalancingConsumer(svc.traces.changelog_topic.get_topic_name(), svc.app)
+    svc.app.consumer = consumer
+    assert await recovery._seek_then_resume_streams() is False
+    assert "resume" not in [name for name, _ in consumer.calls]
+    assert TP("agent-events", 0) in consumer.paused
+
+
+async def test_a_recovery_step_that_times_out_stops_the_worker() -> None:
+    """Faust's `_wait` took a timeout for "stopped" and its recovery loop ended for good: streams
+    paused, the worker alive. The timeout is reported (the worker wires `stop_worker`: exit 70)."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_timeout = reasons.append
+    with pytest.raises(ServiceStopped):
+        await recovery._wait(asyncio.sleep(5), timeout=0.05)
+    assert len(reasons) == 1 and "took longer than 0.05 s" in reasons[0]
+    await recovery._wait(asyncio.sleep(0), timeout=5)  # in time: nothing reported
+    assert len(reasons) == 1
