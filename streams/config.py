@@ -270,6 +270,13 @@ class Settings(BaseSettings):
             raise ValueError("BROKER_HEARTBEAT_INTERVAL_SECONDS must be below BROKER_SESSION_TIMEOUT_SECONDS")
         return self
 
+    @model_validator(mode="after")
+    def _history_kept_for_its_window(self) -> Settings:
+        # A shorter retention silently shortens seed 004's history window to it.
+        if self.history_retention_hours < self.history_window_hours:
+            raise ValueError("HISTORY_RETENTION_HOURS must be at least HISTORY_WINDOW_HOURS")
+        return self
+
     @cached_property
     def input_topic_names(self) -> tuple[str, ...]:
         """The input topics as a tuple (all keyed by trace_id and co-partitioned)."""

@@ -182,7 +182,7 @@ def test_history_factor_equals_brute_force_with_shuffled_times_and_redelivery(
 
 
 def test_entries_before_the_horizon_in_the_hour_it_cuts_count_as_gone() -> None:
-    settings = load_settings(history_retention_hours=2)
+    settings = load_settings(history_retention_hours=2, history_window_hours=2)
     responses = Responses(settings, random.Random(0))
     met = responses.score("c", T0 + timedelta(minutes=5), good=True)["composite"]["threshold_met"]  # type: ignore[index]
     first = responses.score("a", T0 + timedelta(minutes=10))["composite"]["factors"]  # type: ignore[index]

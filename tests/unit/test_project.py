@@ -41,6 +41,7 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("LOG_LEVEL", "warning"),  # Faust's slow spinner mode
         ("EVIDENCE_TOOL_CATEGORIES", "find=serch"),  # a typo scored the tool 0, silently
         ("CALIBRATION_WINDOW_HOURS", "0.5"),  # hourly buckets: under 1 counted nothing
+        ("HISTORY_RETENTION_HOURS", "12"),  # under the 24 h window: it would silently shorten it
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
