@@ -78,6 +78,9 @@ MEMORY_EVENTS = int(os.environ.get("BENCH_MEMORY_EVENTS", "10000" if QUICK else 
 MEMORY_SECONDS = float(os.environ.get("BENCH_MEMORY_SECONDS", "60" if QUICK else "150"))
 MEMORY_SPAN_DAYS = 120.0  # event time covered by the memory run: past every TTL (traces 24 h, claims 30 d)
 MEMORY_SWEEP_SECONDS = 5.0  # the expiry sweep, compressed like the event time
+# The expiry watermarks' idle span and start-up grace (300 s by default), compressed too: the run is
+# shorter than the default, which would keep claims and calibration state unswept throughout it.
+MEMORY_SOURCE_IDLE_SECONDS = 5.0
 SCALE_PARTITIONS = 4
 SCALE_EVENTS = 3_000 if QUICK else 12_000
 PROFILE = os.environ.get("BENCH_PROFILE", "") not in ("", "0")
@@ -673,7 +676,12 @@ async def memory_run(kafka: RunningBroker, fetch_wait: int) -> MemoryResult:
         seconds_per_event=MEMORY_SPAN_DAYS * 86_400 / MEMORY_EVENTS,
     )
     deployment = await deploy(
-        "pipeline", kafka, PARTITIONS, fetch_wait, SWEEP_INTERVAL_SECONDS=str(MEMORY_SWEEP_SECONDS)
+        "pipeline",
+        kafka,
+        PARTITIONS,
+        fetch_wait,
+        SWEEP_INTERVAL_SECONDS=str(MEMORY_SWEEP_SECONDS),
+        EXPIRY_SOURCE_IDLE_SECONDS=str(MEMORY_SOURCE_IDLE_SECONDS),
     )
     await produce(kafka.bootstrap_servers, deployment.input_topic, mix, Produced())
     proc = deployment.start_worker()
@@ -1053,7 +1061,8 @@ async def _memory(ctx: Context) -> None:
     others = ctx.machine.others()
     console.print(
         f"memory curve: {memory.events:,} events over {memory.traces:,} traces, event time spanning "
-        f"{MEMORY_SPAN_DAYS:.0f} days, SWEEP_INTERVAL_SECONDS={MEMORY_SWEEP_SECONDS:.0f}"
+        f"{MEMORY_SPAN_DAYS:.0f} days, SWEEP_INTERVAL_SECONDS={MEMORY_SWEEP_SECONDS:.0f}, "
+        f"EXPIRY_SOURCE_IDLE_SECONDS={MEMORY_SOURCE_IDLE_SECONDS:.0f}"
         + (f", [yellow]stopped at the {MEMORY_SECONDS:.0f} s cap[/]" if memory.capped else "")
     )
     previous: MemoryPoint | None = None

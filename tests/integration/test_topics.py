@@ -38,6 +38,18 @@ async def _describe(bootstrap: str, topic: str) -> tuple[int, dict[str, str]]:
         await admin.close()
 
 
+def _topics_create(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`confidence-streams topics create` as a user runs it: only `env`, nothing of the test's own."""
+    return subprocess.run(
+        [sys.executable, "-m", "streams.cli", "topics", "create", *args],
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_topics_create_command(kafka: RunningBroker) -> None:
     suffix = uuid.uuid4().hex[:6]
     env = {
@@ -48,24 +60,7 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         "FLAGGED_TOPIC": f"flagged-{suffix}",
         "DLQ_TOPIC": f"dlq-{suffix}",
     }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streams.cli",
-            "topics",
-            "create",
-            "--partitions",
-            "3",
-            "--input-retention-ms",
-            "120000",
-        ],
-        env={**env, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _topics_create(env, "--partitions", "3", "--input-retention-ms", "120000")
     assert done.returncode == 0, done.stderr
     for topic in (f"in-a-{suffix}", f"in-b-{suffix}"):
         partitions, configs = asyncio.run(_describe(kafka.bootstrap_servers, topic))
@@ -81,24 +76,10 @@ def test_topics_create_command(kafka: RunningBroker) -> None:
         partitions, configs = asyncio.run(_describe(kafka.bootstrap_servers, topic))
         assert partitions == 3
         assert configs.get("retention.ms") != "120000"
-    again = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "topics", "create", "--partitions", "3"],
-        env={**env, "PATH": "/usr/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    again = _topics_create(env, "--partitions", "3")
     assert again.returncode == 0 and "nothing (all topics existed)" in again.stdout
     # Asked for another partition count than the existing topics have: said, not "created: nothing".
-    other = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "topics", "create", "--partitions", "8"],
-        env={**env, "PATH": "/usr/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    other = _topics_create(env, "--partitions", "8")
     assert other.returncode == 2, other.stdout
     assert "has 3 partitions but TOPIC_PARTITIONS=8" in other.stderr
 
@@ -121,14 +102,7 @@ def test_topics_create_names_an_input_topic_someone_else_created_without_short_r
             await admin.close()
 
     asyncio.run(create_plain())
-    done = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "topics", "create"],
-        env={**env, "PATH": "/usr/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _topics_create(env)
     assert done.returncode == 0, done.stderr
     assert f"input topic in-{suffix} keeps records for" in done.stderr
     assert "raw token logprobs" in done.stderr
