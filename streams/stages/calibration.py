@@ -219,9 +219,9 @@ class CalibrationStage:
         entry = batch.subject(key)
         # The latest score wins by arrival, not event time: a subject's scores all come from one
         # upstream partition (its trace's, its tenant and agent's, its tenant's), in the order they
-        # were made, and a re-delivered input sends no score again (a replayed batch sends the same
-        # scores in the same order). A trace re-scored by an input with an earlier timestamp is
-        # judged by its new score.
+        # were made; a re-delivered input sends no new score (a claim none, a response the same one
+        # again), and a replayed batch sends the same scores in the same order. A trace re-scored by
+        # an input with an earlier timestamp is judged by its new score.
         subject = self._bounded_subject(subject)
         for outcome in entry.waiting:
             self._apply(tenant, subject, outcome, batch, received_at, out)
