@@ -187,7 +187,7 @@ def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
 def test_an_agent_silent_past_its_history_retention_leaves(kafka: RunningBroker) -> None:
     """Agent names need not be a fixed set: an agent that stopped answering loses its history once
     HISTORY_RETENTION_HOURS of event time passed its newest response (its next one would have dropped
-    every hour anyway); before the nineteenth round it stayed for ever."""
+    every hour anyway); before the eighteenth round it stayed for ever."""
     d = deploy(
         kafka,
         partitions=1,
