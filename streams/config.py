@@ -157,9 +157,9 @@ class Settings(BaseSettings):
     expiry_source_idle_seconds: float = Field(
         300.0,
         gt=0,
-        description="The claims and calibration partitions' expiry watermark leaves out an upstream "
-        "partition that sent nothing this long (wall clock), and sweeps nothing this long after a "
-        "partition's first event.",
+        description="The expiry watermark of the claims, calibration and agent-history partitions "
+        "leaves out an upstream partition that sent nothing this long (wall clock), and sweeps nothing "
+        "this long after a partition's first event.",
     )
     event_time_max_ahead_hours: float = Field(
         1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."

@@ -110,8 +110,9 @@ async def create_topics(settings: Settings, changelogs: Iterable[str] = ()) -> l
 async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
     """Before a worker consumes: create what is missing, then check partition counts and configs.
 
-    Raises `PartitionMismatch` naming the topic and both counts; logs a warning for each existing
-    topic whose retention or cleanup policy differs from ours; returns the names created.
+    Raises `TopicNotCreated` with the broker's reason when it refuses a missing topic, and
+    `PartitionMismatch` naming the topic and both counts; logs a warning for each existing topic
+    whose retention or cleanup policy differs from ours; returns the names created.
     """
     changelogs = list(changelogs)
     created, partitions, configs = await _create_missing(settings, changelogs)
