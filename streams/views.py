@@ -192,10 +192,8 @@ def attach_views(
                 }
             except ValueError:
                 return _json(self.web, {"error": "filters must be numbers"}, 400)
-            if any(v is not None and not math.isfinite(v) for v in filters.values()):
-                return _json(
-                    self.web, {"error": "filters must be finite numbers"}, 400
-                )  # NaN matched nothing
+            if any(v is not None and not math.isfinite(v) for v in filters.values()):  # NaN matched nothing
+                return _json(self.web, {"error": "filters must be finite numbers"}, 400)
 
             def load(other: str) -> claim_graph.ClaimNode | None:
                 raw = svc.claims.get(table_key(tenant_id, other))
