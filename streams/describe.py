@@ -17,11 +17,10 @@ from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from rich.table import Table
 
 from streams.config import Settings
-from streams.topics import topic_specs
+from streams.topics import topic_configs, topic_specs
 
 __all__ = [
     "PartitionState",
@@ -112,14 +111,10 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
         existing = set(await admin.list_topics())
         present = [name for name, _ in named if name in existing]
         partition_ids: dict[str, list[int]] = {}
-        configs: dict[str, dict[str, str]] = {}
         if present:
             for meta in await admin.describe_topics(present):
                 partition_ids[meta["topic"]] = sorted(p["partition"] for p in meta["partitions"])
-            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in present]
-            for response in await admin.describe_configs(resources):
-                for _error, _message, _type, name, entries in response.resources:
-                    configs[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
+        configs = await topic_configs(admin, present)
     finally:
         await admin.close()
 

@@ -23,6 +23,7 @@ __all__ = [
     "config_warnings",
     "create_topics",
     "ensure_topics",
+    "topic_configs",
     "topic_specs",
 ]
 
@@ -69,6 +70,17 @@ def co_partitioned(settings: Settings, changelogs: Iterable[str] = ()) -> list[s
     state and its events to different workers. Output topics may have any count.
     """
     return [*settings.input_topic_names, *settings.internal_topics, *changelogs]
+
+
+async def topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    """Each named (existing) topic's configs that have a value (DescribeConfigs)."""
+    configs: dict[str, dict[str, str]] = {}
+    if names:
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        for response in await admin.describe_configs(resources):
+            for _error, _message, _type, name, entries in response.resources:
+                configs[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
+    return configs
 
 
 def config_warnings(
@@ -159,12 +171,7 @@ async def _create_missing(
         described = await admin.describe_topics([s.name for s in specs if s.name in names])
         existing = {t["topic"]: len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
         checked = [n for n in (*settings.input_topic_names, *changelogs) if n in existing]
-        configs: dict[str, dict[str, str]] = {}
-        if checked:
-            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in checked]
-            for response in await admin.describe_configs(resources):
-                for _error, _message, _type, name, entries in response.resources:
-                    configs[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
+        configs = await topic_configs(admin, checked)
     finally:
         await admin.close()
     return created, existing, configs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,19 @@ OWNER_UNREACHABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 def _json(web: Any, body: object, status: int = 200) -> Response:
     return web.bytes(orjson.dumps(body), content_type="application/json", status=status)
+
+
+async def _from_owner(web: Any, route: Awaitable[Response], what: str) -> Response | None:
+    """The owning worker's answer to a request Faust's router forwards, or None when this worker owns
+    the key (the view then answers from its own table)."""
+    try:
+        return await route
+    except SameNode:
+        return None
+    except ServiceUnavailable:
+        return _json(web, {"error": f"no worker owns this {what} yet"}, 503)
+    except OWNER_UNREACHABLE:
+        return _json(web, {"error": f"the worker that owns this {what} did not answer"}, 503)
 
 
 def _float_param(request: Request, name: str) -> float | None:
@@ -131,7 +144,7 @@ def attach_views(
                 "app_id": svc.settings.app_id,
                 # Partitions it consumes (inputs, internal topics), not the changelogs it restores.
                 "assigned_partitions": (
-                    sum(not tp.topic.endswith("-changelog") for tp in app.consumer.assignment())
+                    sum(tp.topic not in app.tables.changelog_topics for tp in app.consumer.assignment())
                     if ready
                     else None
                 ),
@@ -145,15 +158,10 @@ def attach_views(
     @app.page("/traces/{tenant_id}/{trace_id}")
     class TraceView(View):  # type: ignore[misc]
         async def get(self, request: Request, tenant_id: str, trace_id: str) -> Response:
-            try:
-                # Traces live with their input partition: route by the input topic's key.
-                return await app.router.route_topic_req(routing_topic, trace_id.encode(), self.web, request)
-            except SameNode:
-                pass
-            except ServiceUnavailable:
-                return _json(self.web, {"error": "no worker owns this trace yet"}, 503)
-            except OWNER_UNREACHABLE:
-                return _json(self.web, {"error": "the worker that owns this trace did not answer"}, 503)
+            # Traces live with their input partition: route by the input topic's key.
+            route = app.router.route_topic_req(routing_topic, trace_id.encode(), self.web, request)
+            if (answer := await _from_owner(self.web, route, "trace")) is not None:
+                return answer
             raw = svc.traces.get(table_key(tenant_id, trace_id))
             if raw is None:
                 return _json(self.web, {"error": "unknown trace"}, 404)
@@ -174,17 +182,10 @@ def attach_views(
     @app.page("/claims/{tenant_id}/{claim_id}")
     class ClaimView(View):  # type: ignore[misc]
         async def get(self, request: Request, tenant_id: str, claim_id: str) -> Response:
-            try:
-                # A tenant's claim graph lives with its partition of the claims topic (keyed by tenant).
-                return await app.router.route_topic_req(
-                    svc.claims_topic, tenant_id.encode(), self.web, request
-                )
-            except SameNode:
-                pass
-            except ServiceUnavailable:
-                return _json(self.web, {"error": "no worker owns this claim yet"}, 503)
-            except OWNER_UNREACHABLE:
-                return _json(self.web, {"error": "the worker that owns this claim did not answer"}, 503)
+            # A tenant's claim graph lives with its partition of the claims topic (keyed by tenant).
+            route = app.router.route_topic_req(svc.claims_topic, tenant_id.encode(), self.web, request)
+            if (answer := await _from_owner(self.web, route, "claim")) is not None:
+                return answer
             try:
                 filters = {
                     name: _float_param(request, name)
@@ -225,14 +226,9 @@ def attach_views(
     class AgentView(View):  # type: ignore[misc]
         async def get(self, request: Request, tenant_id: str, agent_name: str) -> Response:
             key = table_key(tenant_id, agent_name)
-            try:
-                return await app.router.route_req(svc.agents_history.name, key, self.web, request)
-            except SameNode:
-                pass
-            except ServiceUnavailable:
-                return _json(self.web, {"error": "no worker owns this agent yet"}, 503)
-            except OWNER_UNREACHABLE:
-                return _json(self.web, {"error": "the worker that owns this agent did not answer"}, 503)
+            route = app.router.route_req(svc.agents_history.name, key, self.web, request)
+            if (answer := await _from_owner(self.web, route, "agent")) is not None:
+                return answer
             try:
                 param = _float_param(request, "hours")
             except ValueError:
@@ -261,17 +257,10 @@ def attach_views(
         """Reliability bins, ECE, Brier and threshold advice of a tenant's calibration groups."""
 
         async def get(self, request: Request, tenant_id: str) -> Response:
-            try:
-                # A tenant's calibration lives with its partition of the calibration topic (keyed by tenant).
-                return await app.router.route_topic_req(
-                    svc.calibration_topic, tenant_id.encode(), self.web, request
-                )
-            except SameNode:
-                pass
-            except ServiceUnavailable:
-                return _json(self.web, {"error": "no worker owns this tenant yet"}, 503)
-            except OWNER_UNREACHABLE:
-                return _json(self.web, {"error": "the worker that owns this tenant did not answer"}, 503)
+            # A tenant's calibration lives with its partition of the calibration topic (keyed by tenant).
+            route = app.router.route_topic_req(svc.calibration_topic, tenant_id.encode(), self.web, request)
+            if (answer := await _from_owner(self.web, route, "tenant")) is not None:
+                return answer
             try:
                 param = _float_param(request, "target_precision")
             except ValueError:
