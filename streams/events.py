@@ -34,6 +34,7 @@ from streams.scoring.evidence import EvidenceResult
 from streams.scoring.heuristic import HeuristicResult
 from streams.scoring.response import Action
 from streams.scoring.synthesis import Conflict, SourceScore
+from streams.scoring.times import standard_zone
 
 __all__ = [
     "INPUT_EVENT_TYPES",
@@ -68,7 +69,7 @@ def _rfc3339(value: object) -> object:
     # pydantic also reads a number, or a numeric string ("0", "1700000000"), as a Unix time: bad input.
     if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
         raise ValueError("should be an RFC 3339 date-time string")
-    return value
+    return standard_zone(value)
 
 
 # Event times take part in date arithmetic (TTLs, windows, half-lives): one dated 9999-12-31 overflowed

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import zlib
-from datetime import datetime
 from functools import cached_property
 from typing import Literal
 
@@ -17,6 +16,7 @@ from streams.scoring.claim_graph import ClaimArrived
 from streams.scoring.evidence import EvidenceState
 from streams.scoring.heuristic import Component, HeuristicResult
 from streams.scoring.synthesis import TraceClaim
+from streams.scoring.times import StdDatetime
 
 __all__ = [
     "AgentHistory",
@@ -62,7 +62,7 @@ class TraceState(BaseModel):
     tenant_id: str
     trace_id: str
     partition: int = Field(description="Input partition of the trace: its changelog records go there too.")
-    last_event_time: datetime
+    last_event_time: StdDatetime
     evidence: EvidenceState = Field(default_factory=EvidenceState)
     sub_calls: dict[str, SubCallRecord] = Field(default_factory=dict)
     claims: dict[str, TraceClaim] = Field(default_factory=dict)
@@ -124,7 +124,7 @@ class HistoryEntry(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     event_id: str
-    event_time: datetime
+    event_time: StdDatetime
     threshold_met: bool
     composite: float
     blocked: bool
@@ -159,7 +159,7 @@ class AgentHistory(BaseModel):
     tenant_id: str
     agent_name: str
     agent_type: str
-    newest: datetime | None = Field(None, description="Newest event time applied (retention is from it).")
+    newest: StdDatetime | None = Field(None, description="Newest event time applied (retention is from it).")
     hours: tuple[HourCounts, ...] = Field((), description="Hours with responses, ascending.")
     entries: tuple[HistoryEntry, ...] = Field(
         (),
@@ -213,7 +213,7 @@ class CalibrationSubject(BaseModel):
     model_config = ConfigDict(frozen=True)
     subject_type: SubjectType
     subject_id: str = Field(description="Input event id (response), trace id or claim id.")
-    event_time: datetime
+    event_time: StdDatetime
     scores: dict[ScoreKind, float]
     action: Literal["allow", "flag", "reject"] | None = None
     model: str | None = None
@@ -270,9 +270,9 @@ class GroupCalibration(BaseModel):
     dimension: Literal["model", "agent_type"]
     value: str
     kind: ScoreKind
-    newest: datetime = Field(description="Newest outcome time: the window ends here.")
+    newest: StdDatetime = Field(description="Newest outcome time: the window ends here.")
     hours: tuple[int, ...] = Field((), description="Epoch hours that have a bucket, oldest first.")
     bins: dict[int, BinStats] = Field(default_factory=dict)
     actions: dict[str, ActionStats] = Field(default_factory=dict)
     last_emitted_ece: float | None = None
-    last_emitted_at: datetime | None = None
+    last_emitted_at: StdDatetime | None = None

@@ -35,6 +35,7 @@ from streams.scoring.claims import (
     effective_interval,
     staleness_factor,
 )
+from streams.scoring.times import StdDatetime
 
 __all__ = [
     "SELF",
@@ -78,7 +79,7 @@ class ClaimDefinition(BaseModel):
     source_id: str | None = None
     provenance: tuple[Provenance, ...] = ()
     tier: Tier
-    staleness_at: datetime | None = None
+    staleness_at: StdDatetime | None = None
     relationships: tuple[Relationship, ...] = ()
     derived_from: tuple[str, ...] = ()
     assessed_upper: float | None = None
@@ -94,7 +95,7 @@ class ClaimScore(BaseModel):
     trace_id: str
     interval: ClaimInterval
     source_event_id: str
-    as_of: datetime
+    as_of: StdDatetime
     cause: str
     contradicted: bool
     agent_type: str | None = None
@@ -107,7 +108,7 @@ class ClaimNode(BaseModel):
     definition: ClaimDefinition | None = None
     incoming: dict[str, tuple[Edge, ...]] = {}  # claim id -> its supports/contradicts edges towards me
     derived_by: tuple[str, ...] = ()  # sorted ids of the claims derived from me
-    last_event_time: datetime | None = None
+    last_event_time: StdDatetime | None = None
     applied: dict[str, ClaimScore] = {}  # my own input event ids -> my CLAIM_SCORED, for re-delivery
 
 
@@ -117,7 +118,7 @@ class ClaimArrived(BaseModel):
     model_config = ConfigDict(frozen=True)
     definition: ClaimDefinition
     source_event_id: str
-    event_time: datetime
+    event_time: StdDatetime
 
 
 class ClaimUpdate(BaseModel):

@@ -424,6 +424,9 @@ def test_rfc3339_timestamps_from_1900_to_8999_are_accepted(
     if TIMESTAMP_MIN <= when < TIMESTAMP_MAX:
         assert not isinstance(result, DeadLetter), result
         assert result.timestamp == when
+        # the standard library's zone (the stages' date arithmetic stays in C), with the same offset
+        assert type(result.timestamp.tzinfo) is timezone
+        assert result.timestamp.utcoffset() == when.utcoffset()
     else:  # date arithmetic (TTLs, windows) on such times could overflow
         assert isinstance(result, DeadLetter)
         assert result.reason == "out_of_range"
