@@ -117,6 +117,9 @@ class PendingResponse(BaseModel):
     heuristic: HeuristicResult
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
     source_partition: int = Field(0, description="Input partition the response came from (expiry watermark).")
+    redelivered: bool = Field(
+        False, description="Stage 1 had applied this event id already: stage 2 must not count it again."
+    )
 
 
 class HistoryEntry(BaseModel):

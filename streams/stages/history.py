@@ -385,7 +385,9 @@ class AgentStage:
         out.emit(output, event.trace_id.encode(), is_flagged(output), pending.received_at)
         if self.settings.calibration_enabled:
             self._send_subject(pending, output, record, out)
-        if known is not None:
+        if known is not None or pending.redelivered:
+            # A re-delivery found at another time (its producer re-stamped a retry) was counted when it
+            # first came: it is scored again over the current history but not kept a second time.
             return
         comp = output["composite"]
         assert isinstance(comp, dict)

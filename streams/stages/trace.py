@@ -334,7 +334,7 @@ class TraceStage:
     ) -> None:
         """On re-delivery, downstream stages get the input again and re-emit their remembered outputs."""
         if isinstance(event, LlmResponse):
-            self._send_pending(self._pending(event, record), out)
+            self._send_pending(self._pending(event, record).model_copy(update={"redelivered": True}), out)
         elif isinstance(event, ClaimEvent):
             self._send_claim(event, record, out)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -166,5 +167,17 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
         assert {_key(o) for o in outputs} == first_keys
         assert _views(d) == state_before
+        # Once more, each re-stamped an hour later, as a producer that stamps its retries sends them:
+        # the same event ids, so the same output ids and no state counted twice.
+        restamped = [{**e, "timestamp": _an_hour_later(e["timestamp"])} for e in again]
+        d.produce(restamped)
+        wanted = len(outputs) + redelivered_outputs
+        outputs = _scored(d, d.collect(lambda rs: len(_scored(d, rs)) >= wanted))
+        assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
+        assert _views(d) == state_before
     finally:
         d.stop()
+
+
+def _an_hour_later(timestamp: str) -> str:
+    return (datetime.fromisoformat(timestamp) + timedelta(hours=1)).isoformat()

@@ -26,7 +26,7 @@ from streams.scoring import composite
 from streams.stages import AgentStage, InputRecord, TraceStage
 from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite, agent_entries, chunk_bytes_bound, chunked, hour_key, hour_of
-from streams.state import AgentHistory, HistoryEntry, HistoryHour, encode_history_hour, table_key
+from streams.state import AgentHistory, HistoryEntry, HistoryHour, TraceState, encode_history_hour, table_key
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
@@ -52,8 +52,10 @@ class Tables:
 class Responses:
     """Scored responses fed through stage 1 (as the worker does) and then stage 2."""
 
-    def __init__(self, settings: Settings, rng: random.Random) -> None:
+    def __init__(self, settings: Settings, rng: random.Random, keep_traces: bool = False) -> None:
         self.settings = settings
+        # Stage 1's trace states, when kept, let it recognise a re-delivered event id as the worker does.
+        self.traces: dict[bytes, TraceState] | None = {} if keep_traces else None
         self.rng = rng
         configs = scoring_configs(settings)
         self.trace_stage = TraceStage(settings, configs, metrics.create(CollectorRegistry()))
@@ -79,9 +81,13 @@ class Responses:
             "agent_name": agent_name,
         }
         self.offset += 1
-        out, _ = self.trace_stage.process(
-            [InputRecord("in", 0, self.offset, 1.0, orjson.dumps(event))], lambda k: None
+        traces = self.traces
+        out, written = self.trace_stage.process(
+            [InputRecord("in", 0, self.offset, 1.0, orjson.dumps(event))],
+            (lambda k: None) if traces is None else traces.get,
         )
+        if traces is not None:
+            traces.update(written)
         forwarded = next(r.value for r in out if r.topic == self.settings.responses_topic)
         record = InputRecord(self.settings.responses_topic, 0, self.offset, 1.0, forwarded)
         outputs, writes = self.stage.process([record], self.tables.summary.get, self.tables.hours.get)
@@ -347,3 +353,19 @@ def test_an_agent_silent_past_the_retention_expires_with_every_chunk() -> None:
     assert responses.stage.expired(key, summary)
     other = responses.tables.summary[table_key(EXAMPLE["tenant_id"], "other-agent")]
     assert not responses.stage.expired(table_key(EXAMPLE["tenant_id"], "other-agent"), other)
+
+
+def test_a_response_re_sent_with_another_timestamp_is_counted_once() -> None:
+    """A producer that re-stamps its retries sends one event id at two times: stage 1 knows it by id,
+    stage 2 looked it up at its new time only, kept it a second time and counted it twice."""
+    responses = Responses(load_settings(), random.Random(5), keep_traces=True)
+    first = responses.score("e-1", T0, good=True)
+    again = responses.score("e-1", T0 + timedelta(hours=1, minutes=5), good=True)
+    assert first["event_id"] == again["event_id"]  # scored again under the same output id
+    (summary,) = responses.tables.summary.values()
+    assert [(c.hour, c.total) for c in summary.hours] == [(hour_of(T0), 1)]
+    stored = [e.event_id for chunk in responses.tables.hours.values() for e in chunk.entries]
+    assert stored == ["e-1"]
+    responses.score("e-2", T0 + timedelta(hours=2), good=True)  # counts the one response, not two
+    (summary,) = responses.tables.summary.values()
+    assert sum(c.total for c in summary.hours) == 2
