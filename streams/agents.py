@@ -261,6 +261,7 @@ def _sweep_histories(svc: Service, histories: dict[str, DecodedStates[Any]], rec
             hours.forget(chunk_key)
         svc.agents_history.set_from(key, None, partition)
         summaries.forget(key)
+        stage.forget_agent(summary.tenant_id, summary.agent_name)
     return len(expired)
 
 
@@ -286,4 +287,5 @@ def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]], re
                 states["hours"].forget(hour_key(group, hour))
             svc.calibration_groups.set_from(key, None, partition)
             states["groups"].forget(key)
+            stage.forget_group(group)
     return unmatched

@@ -9,8 +9,12 @@ apart and the worker's memory grew by 60 MB).
 
 So stage 1 pauses an input partition whose event time runs more than `max_lead` ahead of the slowest
 input partition that is still delivering records, and resumes it once that one has caught up (or has
-stopped delivering: caught up, revoked, or stuck; a partition that delivered nothing for
-`idle_seconds` holds nobody back, so alignment only ever delays and cannot stall the worker). Pausing
+stopped delivering: caught up, revoked, or stuck). Delivering means moving its event time on: a
+partition whose event time did not pass its highest for `idle_seconds` holds nobody back, whatever
+records it still gets (dead letters, or a producer whose clock is behind, held the others for as long
+as they came). And no partition stays paused by alignment longer than `max_hold_seconds` in a row:
+its records age in the broker meanwhile, and the input topic keeps them for an hour by default.
+So alignment only ever delays, and for a bounded time. Pausing
 is Faust's own `pause_partitions`: records already fetched wait in the fetcher's buffer, and the
 partition is not fetched again until it resumes. Nothing is skipped: records of a partition paused
 while their fetch was under way are sought back and read again (streams/transport.py).
@@ -100,15 +104,20 @@ class InputAlignment:
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
         backlog: InternalBacklog | None = None,
+        max_hold_seconds: float = float("inf"),
     ) -> None:
         self.topics = frozenset(topics)
         self.event_time = event_time  # the time of the partition's latest event seen by stage 1
         self.max_lead = max_lead  # None: no alignment, only the backlog gate
         self.idle_seconds = idle_seconds
+        self.max_hold_seconds = max_hold_seconds
         self.metrics = metrics
         self.clock = clock
         self.backlog = backlog
-        self._delivered_at: dict[int, float] = {}  # partition -> when stage 1 last got a record of it
+        self._delivered_at: dict[int, float] = {}  # partition -> when its event time last moved on
+        self._highest: dict[int, datetime] = {}  # partition -> the highest event time it reached
+        self._ahead_since: dict[int, float] = {}  # partition -> since when alignment holds it back
+        self._released: set[int] = set()  # held for max_hold_seconds: left alone until no longer ahead
         self._paused: set[TP] = set()  # what this object paused (and has not resumed)
         self._ahead: set[int] = set()  # the partitions alignment held back at its last decision
         self._held_since: float | None = None  # when the backlog gate began holding all input back
@@ -121,9 +130,13 @@ class InputAlignment:
 
     def after_batch(self, app: Any, partitions: Iterable[int]) -> None:
         """Stage 1 processed records of `partitions` just now."""
-        moment = self.clock()
+        now = self.clock()
         for partition in partitions:
-            self._delivered_at[partition] = moment
+            moment = self.event_time(partition)
+            highest = self._highest.get(partition)
+            if moment is not None and (highest is None or moment > highest):
+                self._highest[partition] = moment
+                self._delivered_at[partition] = now
         self.check(app)
 
     def check(self, app: Any) -> None:
@@ -159,7 +172,7 @@ class InputAlignment:
             delivering = [
                 p for p in partitions if now - self._delivered_at.get(p, -1e18) <= self.idle_seconds
             ]
-            paused = partitions_ahead(times, delivering, self.max_lead)
+            paused = self._bounded_hold(partitions_ahead(times, delivering, self.max_lead), now)
         wanted = {tp for tp in assigned if tp.partition in paused}
         resume = {tp for tp in self._paused - wanted if tp in assigned}
         if wanted:
@@ -175,6 +188,21 @@ class InputAlignment:
             self._ahead = paused
         self._paused = wanted
         self.metrics.input_partitions_paused.set(len(paused))
+
+    def _bounded_hold(self, ahead: set[int], now: float) -> set[int]:
+        """`ahead` without the partitions held back `max_hold_seconds` in a row already."""
+        self._ahead_since = {p: self._ahead_since.get(p, now) for p in ahead}
+        self._released &= ahead  # caught up: it may be held back again later
+        for partition, since in self._ahead_since.items():
+            if partition not in self._released and now - since >= self.max_hold_seconds:
+                self._released.add(partition)
+                log.warning(
+                    "input alignment: partition %d released after %.0f s held back; it stays ahead of "
+                    "the slowest delivering partition (state expires later until that one catches up)",
+                    partition,
+                    now - since,
+                )
+        return ahead - self._released
 
     def _holding(self, consumer: Any, now: float) -> bool:
         """Ask the backlog gate; when it lets go, the time held counts as no partition's idle time."""
@@ -210,6 +238,7 @@ def attach_input_alignment(svc: Service) -> InputAlignment | None:
         backlog=InternalBacklog(settings.internal_topics, high, svc.metrics, svc.internal_ends)
         if high > 0
         else None,
+        max_hold_seconds=settings.alignment_max_hold_seconds,
     )
 
     @svc.app.timer(interval=CHECK_INTERVAL_SECONDS, name="input-alignment")  # type: ignore[untyped-decorator]

@@ -86,6 +86,7 @@ class _Prepared:
     outputs: list[Outgoing]
     changelog: list[Outgoing]
     process_seconds: float
+    latency_from: list[tuple[str, float]]  # of its outputs (Record.latency_from), observed on their ack
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class BatchRunner:
         if self._unstarted is not None:
             self._unstarted.changelog.extend(changelog)
         else:
-            self._start(_Prepared(0, (), [], changelog, 0.0), None)
+            self._start(_Prepared(0, (), [], changelog, 0.0, []), None)
 
     def _waiting(self) -> list[_InFlight]:
         """The batches whose sends are not done yet (the finished ones are forgotten here)."""
@@ -203,7 +204,9 @@ class BatchRunner:
             write(key, state)
         # Taken from every table at once: this batch's records, and any a sweep left since the last batch.
         changelog = [record for table in self.tables for record in table.take_changelog()]
-        return _Prepared(number, events, output_records(outputs), changelog, time.perf_counter() - started)
+        latency_from = [r.latency_from for r in outputs if r.latency_from is not None]
+        seconds = time.perf_counter() - started
+        return _Prepared(number, events, output_records(outputs), changelog, seconds, latency_from)
 
     async def _complete(
         self,
@@ -222,6 +225,9 @@ class BatchRunner:
             self._note_internal_ends(await self._acknowledged(await self.sender().send(batch.outputs)))
             outputs_acked.set()
             sent = time.perf_counter()
+            acked_at = time.time()
+            for event_type, received_at in batch.latency_from:
+                m.child(m.processing_latency, event_type).observe(max(0.0, acked_at - received_at))
             if before is not None:
                 await before.task  # its changelog is acknowledged (it never returns if it failed)
             self._inject("table", batch.number)

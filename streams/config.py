@@ -58,7 +58,9 @@ class Settings(BaseSettings):
     broker_session_timeout_seconds: float = Field(10.0, gt=0)
     broker_heartbeat_interval_seconds: float = Field(1.0, gt=0)
     broker_rebalance_timeout_seconds: float = Field(10.0, gt=0)
-    producer_max_batch_bytes: int = Field(262_144, ge=16_384)
+    # Record batches and internal bundles are sized by this; the broker refuses a larger one than its
+    # message.max.bytes (Apache Kafka's default 1,048,588), which stops the worker on every restart.
+    producer_max_batch_bytes: int = Field(262_144, ge=16_384, le=1_000_000)
     # 0: aiokafka still batches what accumulates while a request is in flight; lingering only delayed acks.
     producer_linger_ms: int = Field(0, ge=0)
     consumer_fetch_max_wait_ms: int = Field(
@@ -174,7 +176,15 @@ class Settings(BaseSettings):
         "delivering is paused until that one catches up; 0 turns alignment off.",
     )
     input_alignment_idle_seconds: float = Field(
-        2.0, gt=0, description="A partition that delivered nothing this long holds no other back."
+        2.0,
+        gt=0,
+        description="A partition whose event time did not move on this long holds no other back.",
+    )
+    input_alignment_max_hold_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="Alignment holds a partition back at most this long in a row, and at most half "
+        "INPUT_RETENTION_MS (its records age in the broker meanwhile).",
     )
     internal_backlog_max_records: int = Field(
         200,
@@ -276,6 +286,12 @@ class Settings(BaseSettings):
         if self.history_retention_hours < self.history_window_hours:
             raise ValueError("HISTORY_RETENTION_HOURS must be at least HISTORY_WINDOW_HOURS")
         return self
+
+    @property
+    def alignment_max_hold_seconds(self) -> float:
+        """INPUT_ALIGNMENT_MAX_HOLD_SECONDS, at most half the input retention: a partition held back
+        past the retention would lose its oldest records."""
+        return min(self.input_alignment_max_hold_seconds, self.input_retention_ms / 2000)
 
     @cached_property
     def input_topic_names(self) -> tuple[str, ...]:

@@ -93,11 +93,14 @@ def roles(settings: Settings, changelogs: Iterable[str]) -> list[tuple[str, Role
     return named
 
 
-def lag_of(role: Role, end_offset: int, committed: int | None) -> int | None:
-    """Records after the committed offset; never negative (a broker's end offset may lag, DESIGN 7)."""
+def lag_of(role: Role, end_offset: int, committed: int | None, beginning: int = 0) -> int | None:
+    """Records after the committed offset still on the partition (retention deletes the oldest: with
+    nothing committed the group starts at the earliest kept); never negative (a broker's end offset may
+    lag, DESIGN 7)."""
     if role not in CONSUMED:
         return None
-    return max(0, end_offset - (committed or 0))
+    start = beginning if committed is None else max(committed, beginning)
+    return max(0, end_offset - start)
 
 
 async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list[TopicState]:
@@ -120,6 +123,7 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
 
     tps = [TopicPartition(name, p) for name in present for p in partition_ids.get(name, [])]
     ends: dict[TopicPartition, int] = {}
+    beginnings: dict[TopicPartition, int] = {}
     committed: dict[TopicPartition, int | None] = {}
     if tps:
         # In the group, but never subscribed: it does not join, so the running workers keep their
@@ -130,6 +134,7 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
         await consumer.start()
         try:
             ends = await consumer.end_offsets(tps)
+            beginnings = await consumer.beginning_offsets(tps)
             for tp in tps:
                 committed[tp] = await consumer.committed(tp)
         finally:
@@ -144,7 +149,12 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
                 p,
                 ends[TopicPartition(name, p)],
                 committed[TopicPartition(name, p)],
-                lag_of(role, ends[TopicPartition(name, p)], committed[TopicPartition(name, p)]),
+                lag_of(
+                    role,
+                    ends[TopicPartition(name, p)],
+                    committed[TopicPartition(name, p)],
+                    beginnings[TopicPartition(name, p)],
+                ),
             )
             for p in partition_ids.get(name, [])
         )

@@ -83,50 +83,63 @@ class LagMonitor:
         self._exported: set[tuple[str, str]] = set()
         self._last_error = ""
 
-    async def sample(self, consumer: LagSource) -> dict[TP, int]:
-        """Lag of every assigned stage-topic partition whose end and start are known."""
+    async def sample(self, consumer: LagSource) -> tuple[dict[TP, int], set[TP]]:
+        """Lag of every assigned stage-topic partition whose end and start are known, and the
+        partitions whose start could not be read this time (their last value stays)."""
         # Changelog partitions are assigned too but only read during recovery, so they are left out.
         assigned = sorted(tp for tp in consumer.assignment() if tp.topic in self.topics)
         if not assigned:
-            return {}
+            return {}, set()
         # A ListOffsets request rather than the last fetch's cached high watermark: the cache goes
         # stale for a partition the consumer is not fetching (paused, buffers full), which is exactly
         # when the lag matters.
         ends = await consumer.highwaters(*assigned)
         lags: dict[TP, int] = {}
+        unread: set[TP] = set()
         for tp in assigned:
             committed = _committed(consumer, tp)
             position = None
             if committed is None:
-                position = await asyncio.wait_for(consumer.position(tp), _POSITION_TIMEOUT_SECONDS)
+                try:
+                    position = await asyncio.wait_for(consumer.position(tp), _POSITION_TIMEOUT_SECONDS)
+                except Exception as exc:  # one slow partition (being restored, say) must not freeze all
+                    self._warn(f"position of {tp.topic}[{tp.partition}] not read: {exc!r}")
+                    unread.add(tp)
+                    continue
             lag = partition_lag(ends.get(tp), committed, position)
             if lag is not None:
                 lags[tp] = lag
-        return lags
+        return lags, unread
 
-    def export(self, lags: Mapping[TP, int]) -> None:
+    def export(self, lags: Mapping[TP, int], unread: Iterable[TP] = ()) -> None:
         """Set the gauge per partition and drop partitions this worker no longer owns (rebalance)."""
         m = self.metrics
         current: dict[tuple[str, str], int] = {}
         for tp, lag in lags.items():
             # Topics come from configuration, partitions are below TOPIC_PARTITIONS: both bounded.
             current[(m.labels("topic", tp.topic), str(tp.partition))] = lag
-        for labels in self._exported - current.keys():
+        kept = {(m.labels("topic", tp.topic), str(tp.partition)) for tp in unread} & self._exported
+        for labels in self._exported - current.keys() - kept:
             m.consumer_lag.remove(*labels)
         for labels, lag in current.items():
             m.consumer_lag.labels(*labels).set(lag)
-        self._exported = set(current)
+        self._exported = set(current) | kept
+
+    def _warn(self, message: str) -> None:
+        """Log `message` unless it is the one logged last (a timer repeats every few seconds)."""
+        if message != self._last_error:
+            log.warning("consumer lag not sampled: %s", message)
+            self._last_error = message
 
     async def tick(self, consumer: LagSource) -> None:
         """One sample; a failure is logged (once per distinct message) and never stops the worker."""
         try:
-            self.export(await self.sample(consumer))
-            self._last_error = ""
+            lags, unread = await self.sample(consumer)
+            self.export(lags, unread)
+            if not unread:
+                self._last_error = ""
         except Exception as exc:  # a timer that raises would take the whole app down
-            message = f"{type(exc).__name__}: {exc}"
-            if message != self._last_error:
-                log.warning("consumer lag not sampled: %s", message)
-                self._last_error = message
+            self._warn(repr(exc))  # repr: a TimeoutError's str is empty
 
 
 def attach_lag_monitor(svc: Service, interval: float = LAG_INTERVAL_SECONDS) -> LagMonitor:

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["ChildCache", "LabelCap", "Metrics", "create"]
+__all__ = ["OTHER", "ChildCache", "LabelCap", "Metrics", "create"]
 
 OTHER = "other"
 _UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -31,6 +31,14 @@ class LabelCap:
         seen.add(value)
         return value
 
+    def has(self, label: str, value: str) -> bool:
+        """Whether `value` has a place of its own (its series is not `other`); takes no place."""
+        return value in self._seen.get(label, ())
+
+    def forget(self, label: str, value: str) -> None:
+        """Free `value`'s place (its series was removed), so a newcomer need not become `other`."""
+        self._seen.get(label, set()).discard(value)
+
 
 class ChildCache:
     """`metric.labels(*values)` remembered: prometheus_client validates and locks on every call, and the
@@ -45,6 +53,11 @@ class ChildCache:
         if child is None:
             child = self._children[key] = metric.labels(*values)
         return child
+
+    def remove(self, metric: Any, *values: str) -> None:
+        """Stop exporting a series whose subject is gone (a swept agent, an expired group)."""
+        if self._children.pop((id(metric), values), None) is not None:
+            metric.remove(*values)
 
 
 class Metrics(NamedTuple):
@@ -171,7 +184,7 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         ),
         processing_latency=Histogram(
             "confidence_processing_latency_seconds",
-            "Producer timestamp of the input to the send of its output",
+            "Producer timestamp of the input to the broker's acknowledgement of its output",
             ("event_type",),
             buckets=_LATENCY_BUCKETS,
             registry=registry,

@@ -102,9 +102,14 @@ def _scored_at(output: dict[str, Any]) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
     except ValueError:
         return None
+    return moment if moment.tzinfo is not None else None  # naive and aware times cannot be compared
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _flagged(output: dict[str, Any]) -> bool:
@@ -185,8 +190,7 @@ def summarize(records: Iterable[object], source: str) -> Summary:
     latest_band: dict[tuple[str, str], str] = {}  # (tenant, trace) -> band; later outputs replace earlier
     for o in outputs:
         if o["event_type"] == "RESPONSE_SCORED":
-            meta = o.get("metadata") or {}
-            composite = o.get("composite") or {}
+            meta, composite = _dict(o.get("metadata")), _dict(o.get("composite"))  # another writer's shape
             actions[str(o.get("action"))] += 1
             value = o.get("confidence")
             if isinstance(value, int | float) and math.isfinite(value):

@@ -88,7 +88,7 @@ def _clock(scored_at: object) -> str:
 def _claim_style(lower: object) -> str:
     if not isinstance(lower, int | float):
         return UNKNOWN_STYLE
-    return next(style for edge, style in CLAIM_EDGES if lower >= edge)
+    return next((style for edge, style in CLAIM_EDGES if lower >= edge), UNKNOWN_STYLE)  # below 0: not ours
 
 
 def format_output(event: Mapping[str, object]) -> Text:
@@ -178,7 +178,7 @@ def _flagged(event: Mapping[str, object]) -> bool:
 
 
 def _headers(record: Consumed) -> dict[str, str]:
-    return {k: v.decode(errors="replace") for k, v in record.headers}
+    return {k: (v or b"").decode(errors="replace") for k, v in record.headers}  # Kafka allows a null value
 
 
 def format_dead_letter(record: Consumed) -> Text:

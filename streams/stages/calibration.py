@@ -427,6 +427,15 @@ class CalibrationStage:
         """A score can be joined with an outcome until this event time."""
         return subject.event_time + timedelta(hours=self.settings.calibration_join_window_hours)
 
+    def forget_group(self, group: GroupCalibration) -> None:
+        """An expired group's ECE and Brier series stop being exported (they kept their last value)."""
+        m = self.metrics
+        if not (m.labels.has("tenant", group.tenant_id) and m.labels.has(group.dimension, group.value)):
+            return  # an `other` series: groups still live share it
+        labels = (group.tenant_id, group.dimension, group.value, group.kind)
+        m.child.remove(m.calibration_ece, *labels)
+        m.child.remove(m.calibration_brier, *labels)
+
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
         """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""
         return self.clock.passed(*self.group_sweep_after(key, group))

@@ -64,6 +64,9 @@ class Record:
     value: bytes
     headers: list[tuple[str, bytes]] | None = None
     partition: int | None = None  # None: Kafka's default partitioner on the key
+    # An output's (event type, producer timestamp of the input it answers): its end-to-end latency is
+    # observed when the broker acknowledges it (batch_runner), not when it was made.
+    latency_from: tuple[str, float] | None = None
 
 
 class ExpiryClock:
@@ -96,7 +99,8 @@ class ExpiryClock:
         self._monotonic = monotonic
         self._newest: dict[int, dict[int, datetime]] = {}
         self._heard: dict[int, dict[int, float]] = {}  # partition -> source -> when it last sent
-        self._first_heard: dict[int, float] = {}
+        self._first_heard: dict[int, float] = {}  # partition -> since when it is heard without a silence
+        self._last_heard: dict[int, float] = {}
         self._latest: dict[int, datetime] = {}
         self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
@@ -113,10 +117,16 @@ class ExpiryClock:
         current = sources.get(source)
         if current is None or bounded > current:
             sources[source] = bounded
-        if self.source_idle_seconds is not None:
+        idle = self.source_idle_seconds
+        if idle is not None:
             heard_at = self._monotonic()
             self._heard.setdefault(partition, {})[source] = heard_at
-            self._first_heard.setdefault(partition, heard_at)
+            last = self._last_heard.get(partition)
+            if last is None or heard_at - last > idle:
+                # Heard first, or again after a silence: after a start, a partition assigned here again
+                # or a pause, sources not heard yet may still send older times (the grace restarts).
+                self._first_heard[partition] = heard_at
+            self._last_heard[partition] = heard_at
 
     def latest(self, partition: int) -> datetime | None:
         """The (bounded) event time of the partition's most recent event: how far reading has got.
@@ -277,15 +287,14 @@ class Outputs:
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)
         self.emitted_bytes += len(value)
-        self.records.append(Record(self.settings.scored_topic, key, value))
+        event_type = str(output["event_type"])
+        self.records.append(
+            Record(self.settings.scored_topic, key, value, latency_from=(event_type, received_at))
+        )
         if flagged:
             self.records.append(Record(self.settings.flagged_topic, key, value))
-        self.meter(functools.partial(self._count_output, str(output["event_type"]), received_at))
-
-    def _count_output(self, event_type: str, received_at: float) -> None:
         m = self.metrics
-        m.child(m.outputs_emitted, event_type).inc()
-        m.child(m.processing_latency, event_type).observe(max(0.0, time.time() - received_at))
+        self.meter(m.child(m.outputs_emitted, event_type).inc)
 
 
 Value = TypeVar("Value", bound=BaseModel)

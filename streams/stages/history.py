@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import operator
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
@@ -29,7 +30,7 @@ from streams.events import (
     ScoreKind,
 )
 from streams.ids import output_event_id
-from streams.metrics import Metrics
+from streams.metrics import OTHER, Metrics
 from streams.scoring import composite, response
 from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, key_partition, now
@@ -338,6 +339,13 @@ class AgentStage:
         self.clock = ExpiryClock(
             timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
         )
+        # llm_confidence_average per label set: the rolling average's own state (0.0 is a value too).
+        self._averages: dict[tuple[str, str, str], float] = {}
+        # The success-rate series of each agent scored here, and how many agents share one series (the
+        # `other` ones) and one agent label: a swept agent's series leaves, and its label's place too.
+        self._rate_series: dict[tuple[str, str], tuple[str, str]] = {}
+        self._series_users: Counter[tuple[str, str]] = Counter()
+        self._agent_label_users: Counter[str] = Counter()
 
     def process(
         self, records: list[InputRecord], load: SummaryLoader, load_hour: HourLoader
@@ -538,11 +546,12 @@ class AgentStage:
                 m.child(m.confidence_missing, *labels).inc()
         else:
             m.child(m.confidence_histogram, *labels).observe(pending.confidence)
-            gauge = m.child(m.confidence_average, *labels)
-            previous = gauge._value.get()
-            gauge.set(
-                pending.confidence if previous == 0 else previous + 0.05 * (pending.confidence - previous)
+            previous = self._averages.get(labels)
+            average = (
+                pending.confidence if previous is None else previous + 0.05 * (pending.confidence - previous)
             )
+            self._averages[labels] = average
+            m.child(m.confidence_average, *labels).set(average)
         m.child(m.response_actions, str(output["action"])).inc()
         if output["action"] == "reject":
             m.child(m.confidence_rejected, *labels).inc()
@@ -552,6 +561,33 @@ class AgentStage:
             m.child(m.composite_blocked, m.labels("agent_type", event.agent_type.lower())).inc()
         total, met = recent
         if total:
-            m.child(
-                m.agent_success_rate, m.labels("tenant", event.tenant_id), m.labels("agent", event.agent_name)
-            ).set(met / total)
+            m.child(m.agent_success_rate, *self._success_rate_series(event.tenant_id, event.agent_name)).set(
+                met / total
+            )
+
+    def _success_rate_series(self, tenant: str, agent: str) -> tuple[str, str]:
+        series = self._rate_series.get((tenant, agent))
+        if series is None:
+            m = self.metrics
+            series = self._rate_series[tenant, agent] = (m.labels("tenant", tenant), m.labels("agent", agent))
+            self._series_users[series] += 1
+            self._agent_label_users[series[1]] += 1
+        return series
+
+    def forget_agent(self, tenant: str, agent: str) -> None:
+        """A swept agent's success rate stops being exported (a dead instance's rate stayed on every
+        dashboard), and its agent label's place is freed for a newcomer (which became `other`)."""
+        series = self._rate_series.pop((tenant, agent), None)
+        if series is None:  # not scored by this process (restored, or never within a window)
+            return
+        m = self.metrics
+        self._series_users[series] -= 1
+        if not self._series_users[series]:
+            del self._series_users[series]
+            m.child.remove(m.agent_success_rate, *series)
+        label = series[1]
+        self._agent_label_users[label] -= 1
+        if not self._agent_label_users[label]:
+            del self._agent_label_users[label]
+            if label != OTHER:
+                m.labels.forget("agent", label)

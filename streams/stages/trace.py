@@ -98,7 +98,8 @@ class TraceStage:
         if isinstance(event, DeadLetter):
             out.dead_letter(event, record)
             return
-        self.metrics.child(self.metrics.events_processed, event.event_type).inc()
+        # Counted with the batch: an input dead-lettered later (trace_state_full, a scorer error) is not.
+        out.meter(self.metrics.child(self.metrics.events_processed, event.event_type).inc)
         self.clock.saw(record.partition, event.timestamp)
         if isinstance(event, OutcomeEvent):
             self._outcome(event, record, out)  # no trace state: the calibration stage de-duplicates

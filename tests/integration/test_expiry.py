@@ -204,12 +204,24 @@ def test_an_agent_silent_past_its_history_retention_leaves(kafka: RunningBroker)
         d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {quiet["event_id"]}))
         port = d.web_ports[0]
         _wait_for_status(port, "/agents/agents-ttl/quiet-agent", 200, "quiet-agent's history never stored")
+        assert _success_rate_agents(port) == {"quiet-agent"}
         # Three hours later another agent answers: quiet-agent's newest (minute 0) + 1 h has passed.
         busy = f.response("t-busy", minutes=180, agent="busy-agent")
         d.produce([busy])
         d.collect(count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {busy["event_id"]}))
         _wait_for_status(port, "/agents/agents-ttl/quiet-agent", 404, "the silent agent was never swept")
         _wait_for_status(port, "/agents/agents-ttl/busy-agent", 200, "the answering agent was swept")
+        # Its success rate left /metrics with it (a dead instance's rate stayed on every dashboard).
+        assert _success_rate_agents(port) == {"busy-agent"}
         assert "agents' histories" in d.log_text()
     finally:
         d.stop()
+
+
+def _success_rate_agents(port: int) -> set[str]:
+    """The agents `confidence_agent_success_rate` has a series for."""
+    status, body = http_get(port, "/metrics", timeout=5)
+    assert status == 200
+    lines = body.decode().splitlines()
+    series = [line for line in lines if line.startswith("confidence_agent_success_rate{")]
+    return {line.split('agent="', 1)[1].split('"', 1)[0] for line in series}

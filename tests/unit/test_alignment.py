@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics
 from streams.alignment import InputAlignment, InternalBacklog, partitions_ahead
+from streams.config import load_settings
 from streams.lag import unread_records
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -63,6 +64,7 @@ class Setup:
         topics: tuple[str, ...] = ("in",),
         backlog_high: int | None = None,
         max_lead: timedelta | None = 2 * HOUR,
+        max_hold_seconds: float = float("inf"),
     ) -> None:
         self.times: dict[int, datetime] = {}
         self.written: dict[tuple[str, int], int] = {}
@@ -81,6 +83,7 @@ class Setup:
             backlog=None
             if backlog_high is None
             else InternalBacklog([INTERNAL], backlog_high, registry, self.written),
+            max_hold_seconds=max_hold_seconds,
         )
 
     def unread(self, partition: int, records: int) -> None:
@@ -227,3 +230,47 @@ def test_the_backlog_gate_works_with_alignment_off() -> None:
     s.unread(1, 11)
     s.batch(p0=T0 + 10 * HOUR, p1=T0)
     assert s.paused() == {0, 1}
+
+
+def test_a_partition_whose_event_time_stands_still_holds_nobody_back() -> None:
+    """Records that do not move a partition's time on (dead letters, a producer whose clock is behind)
+    counted as delivering: the partition ahead stayed paused for as long as they came."""
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    for _ in range(5):  # p1 gets a batch every second, all dead-lettered: its time stays
+        s.now += 1
+        s.alignment.after_batch(s.app, [1])
+    assert s.paused() == set()
+    s.now += 1
+    s.batch(p1=T0 - 5 * HOUR)  # an event from the past lowers its time but is no progress either
+    assert s.paused() == set()
+    s.batch(p1=T0 + HOUR)  # moving on again: p0 waits for it again
+    assert s.paused() == {0}
+
+
+def test_no_partition_is_held_back_longer_than_the_max_hold_in_a_row() -> None:
+    """A lagging partition catching up slowly held the one ahead back while its records aged in the
+    broker: past the input topic's retention they would be deleted unread."""
+    s = Setup([0, 1], max_hold_seconds=60)
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    for second in range(1, 60):  # p1 moves on a minute of event time every second
+        s.now += 1
+        s.batch(p1=T0 + second * timedelta(minutes=1))
+    assert s.paused() == {0}  # 59 s
+    s.now += 1
+    s.batch(p1=T0 + 60 * timedelta(minutes=1))
+    assert s.paused() == set()  # 60 s: released, though still ahead
+    s.now += 1
+    s.batch(p1=T0 + 61 * timedelta(minutes=1))
+    assert s.paused() == set()  # and left alone while it stays ahead
+    s.batch(p1=T0 + 8 * HOUR)  # caught up
+    assert s.paused() == set()
+    s.now += 1
+    s.batch(p0=T0 + 20 * HOUR, p1=T0 + 9 * HOUR)  # ahead again: held back again
+    assert s.paused() == {0}
+
+
+def test_the_max_hold_is_at_most_half_the_input_retention() -> None:
+    assert load_settings().alignment_max_hold_seconds == 600
+    assert load_settings(input_retention_ms=300_000).alignment_max_hold_seconds == 150

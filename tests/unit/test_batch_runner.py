@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -143,9 +144,11 @@ class _Rig:
 @contextlib.asynccontextmanager
 async def _running(batches: int, output_topic: str = "out") -> AsyncIterator[_Rig]:
     settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
+    registry = CollectorRegistry()
     svc = SimpleNamespace(
         settings=settings,
-        metrics=metrics.create(CollectorRegistry()),
+        registry=registry,
+        metrics=metrics.create(registry),
         faults=FaultInjector(),
         health=Health(),
         internal_ends={},
@@ -163,7 +166,10 @@ async def _running(batches: int, output_topic: str = "out") -> AsyncIterator[_Ri
     def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
         number = (records[0].value or b"").decode().split("-")[1]
         rig.processed.append(number)
-        return [Record(output_topic, b"k", f"output-{number}".encode(), partition=1)], {b"k": number}
+        # Its input was produced 2 s before: the latency histogram must count from there to the ack.
+        answers = ("TEST_SCORED", time.time() - 2.0)
+        output = Record(output_topic, b"k", f"output-{number}".encode(), partition=1, latency_from=answers)
+        return [output], {b"k": number}
 
     def write(key: bytes, number: str) -> None:
         table.unsent.append(Outgoing("changelog", key, f"state-{number}".encode(), 0))
@@ -306,3 +312,23 @@ async def test_how_far_the_worker_wrote_each_internal_partition_is_noted_on_the_
         assert rig.svc.internal_ends == {}
         rig.sender.ack("changelog", 1)
         await _settle()
+
+
+async def test_latency_is_observed_when_the_broker_acknowledges_the_outputs(exits: list[str]) -> None:
+    """The histogram is the input's producer timestamp to the output's send: it was observed when the
+    output was made, leaving out the send, the ack and the wait behind the batch before."""
+    async with _running(batches=1) as rig:
+
+        def latency(sample: str) -> float | None:
+            return rig.svc.registry.get_sample_value(  # type: ignore[no-any-return]
+                f"confidence_processing_latency_seconds_{sample}", {"event_type": "TEST_SCORED"}
+            )
+
+        assert rig.sender.sent == [("outputs", "1")]
+        assert latency("count") is None  # processed and sent, not acknowledged yet
+        await asyncio.sleep(0.3)
+        rig.sender.ack("outputs", 1)
+        await _settle()
+        assert latency("count") == 1.0
+        seconds = latency("sum")
+        assert seconds is not None and seconds >= 2.3

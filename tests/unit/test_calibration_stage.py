@@ -192,7 +192,7 @@ def test_an_upstream_that_went_quiet_no_longer_holds_expiry_back() -> None:
     day = 24 * 60
     worker.feed(_score("r0", -5 * day), source=upstream("claims", 0))
     for n in range(1, 5):
-        wall[0] += 100  # the claims stage sends nothing more
+        wall[0] += 50  # the claims stage sends nothing more (the responses come every 50 s)
         worker.feed(_score(f"r{n}", (n - 5) * day))
     old, recent = subject_key(TENANT, "response", "r0"), subject_key(TENANT, "response", "r4")
     old_entry, recent_entry = worker.tables[old], worker.tables[recent]

@@ -30,20 +30,23 @@ def test_retention_wording(ms: int | None, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("role", "end", "committed", "lag"),
+    ("role", "end", "committed", "beginning", "lag"),
     [
-        ("input", 10, 7, 3),
-        ("input", 10, None, 10),  # nothing committed: the group reads from the beginning
-        ("input", 10, 10, 0),
-        ("input", 1, 4, 0),  # end offset behind the log (DESIGN 7): never a negative lag
-        ("repartition", 5, 2, 3),
-        ("scored", 10, None, None),  # outputs, DLQ and changelogs are not the group's to consume
-        ("changelog", 10, None, None),
-        ("dlq", 3, None, None),
+        ("input", 10, 7, 0, 3),
+        ("input", 10, None, 0, 10),  # nothing committed: the group reads from the beginning
+        # ...which retention moved: 100 records left of a million, not a million
+        ("input", 1_000_000, None, 999_900, 100),
+        ("input", 1_000_000, 5, 999_900, 100),  # committed before what retention deleted
+        ("input", 10, 10, 0, 0),
+        ("input", 1, 4, 0, 0),  # end offset behind the log (DESIGN 7): never a negative lag
+        ("repartition", 5, 2, 0, 3),
+        ("scored", 10, None, 0, None),  # outputs, DLQ and changelogs are not the group's to consume
+        ("changelog", 10, None, 0, None),
+        ("dlq", 3, None, 0, None),
     ],
 )
-def test_lag(role: str, end: int, committed: int | None, lag: int | None) -> None:
-    assert lag_of(role, end, committed) == lag  # type: ignore[arg-type]
+def test_lag(role: str, end: int, committed: int | None, beginning: int, lag: int | None) -> None:
+    assert lag_of(role, end, committed, beginning) == lag  # type: ignore[arg-type]
 
 
 def test_roles_name_every_topic_the_service_creates_once_in_order() -> None:

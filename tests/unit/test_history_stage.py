@@ -65,7 +65,12 @@ class Responses:
         self.offset = 0
 
     def score(
-        self, event_id: str, when: datetime, good: bool | None = None, agent_name: str = EXAMPLE["agent_name"]
+        self,
+        event_id: str,
+        when: datetime,
+        good: bool | None = None,
+        agent_name: str = EXAMPLE["agent_name"],
+        **fields: object,
     ) -> dict[str, object]:
         # Half well supported (meets the planner's threshold, whatever the history), half not.
         good = self.rng.random() < 0.5 if good is None else good
@@ -79,6 +84,7 @@ class Responses:
             "code_validation": checks,
             "response": "The answer is definitely config/retry.yaml, verified in the code.",
             "agent_name": agent_name,
+            **fields,
         }
         self.offset += 1
         traces = self.traces
@@ -346,9 +352,10 @@ def test_an_agent_silent_past_the_retention_expires_with_every_chunk() -> None:
     ((key, summary),) = responses.tables.summary.items()
     chunks = sorted(responses.tables.hours)
     assert len(chunks) > 2 and sorted(responses.stage.expired_keys(summary)) == chunks
-    wall[0] = 100  # past the start-up grace; the same input partition goes on with another agent
+    wall[0] = 50  # the same input partition goes on with another agent (heard again within 60 s)
     responses.score("new", T0 + timedelta(hours=3), agent_name="other-agent")
     assert not responses.stage.expired(key, summary)  # newest 01:50 + 2 h retention: not yet
+    wall[0] = 100  # past the start-up grace
     responses.score("newer", T0 + timedelta(hours=4), agent_name="other-agent")
     assert responses.stage.expired(key, summary)
     other = responses.tables.summary[table_key(EXAMPLE["tenant_id"], "other-agent")]
@@ -369,3 +376,40 @@ def test_a_response_re_sent_with_another_timestamp_is_counted_once() -> None:
     responses.score("e-2", T0 + timedelta(hours=2), good=True)  # counts the one response, not two
     (summary,) = responses.tables.summary.values()
     assert sum(c.total for c in summary.hours) == 2
+
+
+def test_the_rolling_confidence_average_counts_a_zero_confidence() -> None:
+    """A confidence of 0.0 (any -inf logprob) was taken for "no value yet": the average restarted from
+    the next response instead of moving 5 % towards it."""
+    responses = Responses(load_settings(), random.Random(9))
+    for i in range(20):
+        scored = responses.score(f"zero-{i}", T0 + timedelta(minutes=i), token_logprobs=[-50.0])
+        assert scored["confidence"] == 0.0
+    scored = responses.score("sure", T0 + timedelta(minutes=30), token_logprobs=[-0.05])
+    confidence = scored["confidence"]
+    assert isinstance(confidence, float) and confidence > 0.9
+    labels = {"tenant": EXAMPLE["tenant_id"], "model": EXAMPLE["model"], "endpoint": EXAMPLE["endpoint"]}
+    average = responses.registry.get_sample_value("llm_confidence_average", labels)
+    assert average == pytest.approx(0.05 * confidence)
+
+
+def test_a_swept_agent_leaves_the_success_rate_and_frees_its_label() -> None:
+    """Per-instance agent names took every label place for good: after METRICS_LABEL_CAP of them every
+    new agent was `other`, and a dead instance's rate stayed exported."""
+    responses = Responses(load_settings(), random.Random(4))
+    cap = responses.stage.metrics.labels
+    for n in range(100):  # the default cap: 100 agent names
+        responses.score(f"r-{n}", T0 + timedelta(minutes=n), agent_name=f"pod-{n}")
+    responses.score("late", T0 + timedelta(hours=2), agent_name="pod-new")
+    assert _success_rate(responses, "other") is not None and _success_rate(responses, "pod-new") is None
+    responses.stage.forget_agent(EXAMPLE["tenant_id"], "pod-0")  # what the sweep does once it expired
+    assert _success_rate(responses, "pod-0") is None and not cap.has("agent", "pod-0")
+    responses.score("later", T0 + timedelta(hours=3), agent_name="pod-newer")
+    assert _success_rate(responses, "pod-newer") is not None  # the freed place
+    responses.stage.forget_agent(EXAMPLE["tenant_id"], "pod-new")  # one of the agents on `other`
+    assert _success_rate(responses, "other") is None  # its only agent left
+
+
+def _success_rate(responses: Responses, agent: str) -> float | None:
+    labels = {"tenant": EXAMPLE["tenant_id"], "agent": agent}
+    return responses.registry.get_sample_value("confidence_agent_success_rate", labels)

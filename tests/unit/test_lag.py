@@ -107,6 +107,34 @@ async def test_a_failed_sample_keeps_the_last_values_and_logs_once(caplog: pytes
         await monitor.tick(broken)
         await monitor.tick(broken)
     assert [r.getMessage() for r in caplog.records] == [
-        "consumer lag not sampled: ConnectionError: broker gone"
+        "consumer lag not sampled: ConnectionError('broker gone')"
     ]
     assert _gauge(registry) == {(IN, "0"): 4.0}
+
+
+class SlowPosition(FakeConsumer):
+    """One partition's position cannot be read (it times out, as during a restore)."""
+
+    async def position(self, tp: TP) -> int | None:
+        if tp == TP(IN, 1):
+            raise TimeoutError
+        return await super().position(tp)
+
+
+async def test_a_partition_whose_position_cannot_be_read_freezes_only_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One slow position failed the whole sample: every partition's lag stayed where it was."""
+    monitor, registry = _monitor()
+    await monitor.tick(
+        FakeConsumer(ends={TP(IN, 0): 5, TP(IN, 1): 3}, committed={TP(IN, 0): 5, TP(IN, 1): 3})
+    )
+    assert _gauge(registry) == {(IN, "0"): 0.0, (IN, "1"): 0.0}
+    # Partition 0 falls 5,000 behind; partition 1's committed offset is gone and its position is slow.
+    slow = SlowPosition(ends={TP(IN, 0): 5_005, TP(IN, 1): 9}, committed={TP(IN, 0): 5})
+    with caplog.at_level(logging.WARNING, logger="streams.lag"):
+        await monitor.tick(slow)
+    assert _gauge(registry) == {(IN, "0"): 5_000.0, (IN, "1"): 0.0}  # 1 keeps its last value
+    assert [r.getMessage() for r in caplog.records] == [
+        "consumer lag not sampled: position of agent-events[1] not read: TimeoutError()"
+    ]

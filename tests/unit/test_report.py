@@ -144,6 +144,18 @@ def test_summary_counts() -> None:
     assert (s.first, s.last) == (T0, T0 + timedelta(seconds=50))
 
 
+def test_outputs_of_another_shape_are_counted_not_fatal() -> None:
+    """`metadata` as a string, `composite` as a list (AttributeError) and a `scored_at` without a zone
+    beside zoned ones (TypeError comparing them) ended the report."""
+    odd = [
+        {"event_type": "RESPONSE_SCORED", "metadata": "m", "composite": [1], "scored_at": at(1)},
+        {"event_type": "TRACE_SCORED", "scored_at": "2026-11-22T10:00:05"},  # no zone: not on the timeline
+    ]
+    s = summarize([*run_outputs(), *odd], "test")
+    assert s.outputs == 14 and s.by_type["RESPONSE_SCORED"] == 6
+    assert (s.first, s.last) == (T0, T0 + timedelta(seconds=50))
+
+
 def test_timeline_buckets_cover_the_run() -> None:
     s = summarize(run_outputs(), "test")
     assert s.bucket_seconds == 2  # 50 s in at most 30 buckets

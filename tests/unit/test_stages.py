@@ -110,6 +110,7 @@ def test_a_quiet_source_leaves_the_watermark_and_a_fresh_partition_waits_for_its
     clock.saw(0, t0 + 5 * hour, source=2)
     wall[0] = 30
     assert not clock.passed(0, t0 - hour)  # within the start-up grace: nothing has passed yet
+    clock.saw(0, t0 + 5 * hour, source=2)
     wall[0] = 61
     clock.saw(0, t0 + 10 * hour, source=2)
     assert clock.passed(0, t0 + 9 * hour)  # source 1 sent nothing for 61 s: left out
@@ -117,6 +118,15 @@ def test_a_quiet_source_leaves_the_watermark_and_a_fresh_partition_waits_for_its
     assert not clock.passed(0, t0 + 9 * hour) and clock.passed(0, t0 + 5 * hour)
     wall[0] = 500  # every source quiet: the oldest holds
     assert not clock.passed(0, t0 + 9 * hour) and clock.passed(0, t0 + 5 * hour)
+    # Heard again after the silence (the partition assigned here again, say): the grace starts again,
+    # since source 1, quiet until now, may still send older times than source 2's first.
+    clock.saw(0, t0 + 12 * hour, source=2)
+    wall[0] = 530
+    clock.saw(0, t0 + 12 * hour, source=2)
+    assert not clock.passed(0, t0 + 5 * hour)
+    wall[0] = 561
+    clock.saw(0, t0 + 12 * hour, source=2)
+    assert clock.passed(0, t0 + 11 * hour)  # source 1 left out again, after the grace
 
 
 def test_an_input_remembered_in_a_compressed_block_is_re_emitted_unchanged() -> None:

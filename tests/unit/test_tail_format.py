@@ -23,7 +23,7 @@ from streams.tail import (
 )
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-GREEN, YELLOW, RED, CYAN = "32", "33", "31", "36"
+GREEN, YELLOW, RED, CYAN, MAGENTA = "32", "33", "31", "36", "35"
 
 
 def response(action: str = "allow", blocked: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -297,3 +297,16 @@ def test_dead_letter_line_and_json() -> None:
     assert record["headers"]["__connect.errors.reason"] == "invalid_json"
     assert record["value"] == '{"event_type": "LLM'
     assert (record["topic"], record["partition"], record["offset"]) == ("agent-events-dlq", 0, 3)
+
+
+def test_records_of_another_writer_still_make_one_line() -> None:
+    """A claim below 0 (no edge matched: StopIteration ended `tail`) and a DLQ header with a null value
+    (AttributeError) come from other writers on a shared topic; each still makes its line."""
+    assert "interval=[-0.200, 0.950]" in plain(claim(-0.2, 0.95))
+    assert MAGENTA in codes_of(render(claim(-0.2, 0.95), "always"), "interval=")
+    letter = dead_letter()
+    headers = (*letter.headers, ("__connect.errors.stage", None))
+    nulled = Consumed(letter.topic, letter.partition, letter.offset, letter.key, letter.value, headers, 0)  # type: ignore[arg-type]
+    out = io.StringIO()
+    make_console("never", file=out).print(format_dead_letter(nulled))
+    assert out.getvalue().startswith("DLQ reason=invalid_json")

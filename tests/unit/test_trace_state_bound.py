@@ -106,6 +106,8 @@ def test_a_trace_at_the_bound_dead_letters_what_would_grow_it_and_nothing_else()
     # Metrics count what was sent: no TRACE_SCORED is counted for a refused input.
     assert w.metric("confidence_outputs_emitted_total", event_type="TRACE_SCORED") == len(scored)
     assert w.metric("confidence_events_dead_lettered_total", reason="trace_state_full") == len(dead)
+    # Each input is either processed or dead-lettered, never both.
+    assert w.metric("confidence_events_processed_total", event_type="TOOL_INVOCATION") == len(scored)
     assert sum(
         w.metric("confidence_evidence_band_total", band=b) for b in ("strong", "adequate", "weak", "failed")
     ) == len(scored)
