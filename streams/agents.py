@@ -262,6 +262,7 @@ def _sweep_histories(svc: Service, histories: dict[str, DecodedStates[Any]], rec
         svc.agents_history.set_from(key, None, partition)
         summaries.forget(key)
         stage.forget_agent(summary.tenant_id, summary.agent_name)
+    stage.forget_agents_outside(active_partitions(recovery, svc.agents_history))
     return len(expired)
 
 

@@ -574,6 +574,13 @@ class AgentStage:
             self._agent_label_users[series[1]] += 1
         return series
 
+    def forget_agents_outside(self, partitions: set[int]) -> None:
+        """Forget the agents whose history is on a partition this worker no longer owns: their new
+        owner exports their success rate, and a stale copy here would stay on every dashboard."""
+        moved = [k for k in self._rate_series if self.partition_of(table_key(*k)) not in partitions]
+        for tenant, agent in moved:
+            self.forget_agent(tenant, agent)
+
     def forget_agent(self, tenant: str, agent: str) -> None:
         """A swept agent's success rate stops being exported (a dead instance's rate stayed on every
         dashboard), and its agent label's place is freed for a newcomer (which became `other`)."""

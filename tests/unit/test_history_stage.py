@@ -413,3 +413,19 @@ def test_a_swept_agent_leaves_the_success_rate_and_frees_its_label() -> None:
 def _success_rate(responses: Responses, agent: str) -> float | None:
     labels = {"tenant": EXAMPLE["tenant_id"], "agent": agent}
     return responses.registry.get_sample_value("confidence_agent_success_rate", labels)
+
+
+def test_agents_on_a_partition_this_worker_lost_leave_the_success_rate() -> None:
+    """After a rebalance the agent's new owner exports its rate; the old owner's stayed, stale."""
+    responses = Responses(load_settings(topic_partitions=4), random.Random(6))
+    names = [f"agent-{n}" for n in range(8)]
+    for n, name in enumerate(names):
+        responses.score(f"r-{n}", T0 + timedelta(minutes=n), agent_name=name)
+    stage = responses.stage
+    where = {name: stage.partition_of(table_key(EXAMPLE["tenant_id"], name)) for name in names}
+    kept = {where[names[0]]}
+    assert set(where.values()) - kept, "every agent on one partition: the test would show nothing"
+    stage.forget_agents_outside(kept)
+    assert {name for name in names if _success_rate(responses, name) is not None} == {
+        name for name in names if where[name] in kept
+    }
