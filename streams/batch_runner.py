@@ -87,6 +87,9 @@ class _Prepared:
     changelog: list[Outgoing]
     process_seconds: float
     latency_from: list[tuple[str, float]]  # of its outputs (Record.latency_from), observed on their ack
+    # It carries the sweep's table changes: no input replays those after a crash, so the next batch,
+    # computed on the swept tables, sends its outputs only once this changelog is acknowledged too.
+    carries_sweep: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,9 @@ class BatchRunner:
     restores the tables from the changelog and processes those batches again (their acknowledged
     outputs again, with the same ids). At most `IN_FLIGHT` batches wait for their sends while the next
     one is processed. Changes the sweep makes to this runner's tables join the same sequence
-    (`send_table_changes`), so the changelog receives every change in the order the tables saw it.
-    Waiting for every ack before taking the next batch left each stage idle for them (17 ms per batch
+    (`send_table_changes`), so the changelog receives every change in the order the tables saw it;
+    and the batch after them sends its outputs only once they are acknowledged: no input replays a
+    sweep, so outputs computed on swept tables must never outlive a lost tombstone. Waiting for every ack before taking the next batch left each stage idle for them (17 ms per batch
     at half load) and every event waited for the batch before its own (docs/DECISIONS.md).
     """
 
@@ -174,8 +178,9 @@ class BatchRunner:
             return
         if self._unstarted is not None:
             self._unstarted.changelog.extend(changelog)
+            self._unstarted.carries_sweep = True
         else:
-            self._start(_Prepared(0, (), [], changelog, 0.0, []), None)
+            self._start(_Prepared(0, (), [], changelog, 0.0, [], carries_sweep=True), None)
 
     def _waiting(self) -> list[_InFlight]:
         """The batches whose sends are not done yet (the finished ones are forgotten here)."""
@@ -223,7 +228,8 @@ class BatchRunner:
             started = time.perf_counter()
             self._inject("send", batch.number)
             self._note_internal_ends(await self._acknowledged(await self.sender().send(batch.outputs)))
-            outputs_acked.set()
+            if not batch.carries_sweep:
+                outputs_acked.set()
             sent = time.perf_counter()
             acked_at = time.time()
             for event_type, received_at in batch.latency_from:
@@ -232,6 +238,7 @@ class BatchRunner:
                 await before.task  # its changelog is acknowledged (it never returns if it failed)
             self._inject("table", batch.number)
             await self._acknowledged(await self.sender().send(batch.changelog))
+            outputs_acked.set()  # a batch carrying the sweep's changes lets the next one go only now
             if stream is None:
                 return  # the sweep's table changes: no input to acknowledge
             m.child(m.batch_seconds, self.agent, "process").observe(batch.process_seconds)

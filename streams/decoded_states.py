@@ -65,6 +65,7 @@ class DecodedStates(Generic[M]):
         self._moments: dict[int, list[tuple[datetime, bytes]]] = {}
         self._indexed = 0  # entries in all heaps, current or not
         self._scan_needed = True  # the table may hold values the index has not seen (start, restore)
+        self._sweeping = False  # inside `due`: its loop holds the heaps, so no rebuild meanwhile
         if sweep_after is not None and hasattr(table, "on_recover"):
             table.on_recover(self._on_recover)
 
@@ -118,8 +119,20 @@ class DecodedStates(Generic[M]):
         if self._scan_needed:
             self._scan()
         due: list[tuple[bytes, M]] = []
+        self._sweeping = True
+        try:
+            self._pop_due(passed, due)
+        finally:
+            self._sweeping = False
+        if self._indexed > 2 * len(self._due) + 1024:
+            self._rebuild()
+        return due
+
+    def _pop_due(self, passed: Callable[[int, datetime], bool], due: list[tuple[bytes, M]]) -> None:
+        """Append to `due` each current entry whose moment passed; put those entries back in their heap."""
         seen: set[bytes] = set()
-        for partition, heap in self._moments.items():
+        # A snapshot: re-indexing a value written outside `encode` may add a partition's heap.
+        for partition, heap in list(self._moments.items()):
             returned: list[tuple[datetime, bytes]] = []
             while heap and passed(partition, heap[0][0]):
                 moment, key = heapq.heappop(heap)
@@ -141,7 +154,6 @@ class DecodedStates(Generic[M]):
             for entry in returned:
                 heapq.heappush(heap, entry)
             self._indexed += len(returned)
-        return due
 
     def _scan(self) -> None:
         """Index every value the table holds that was not written through `encode`; drop keys gone."""
@@ -176,7 +188,7 @@ class DecodedStates(Generic[M]):
             return  # never due, or already in the heap with this moment
         heapq.heappush(self._moments.setdefault(where[0], []), (where[1], key))
         self._indexed += 1
-        if self._indexed > 2 * len(self._due) + 1024:  # mostly superseded entries: rebuild
+        if self._indexed > 2 * len(self._due) + 1024 and not self._sweeping:  # mostly superseded: rebuild
             self._rebuild()
 
     def _rebuild(self) -> None:

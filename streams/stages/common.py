@@ -380,7 +380,8 @@ def processing_error(record: InputRecord, exc: Exception, what: str) -> DeadLett
 
 
 def with_scored_at(output: dict[str, object]) -> dict[str, object]:
-    return {**output, "scored_at": now().isoformat()}
+    # As pydantic writes it in a first emission ("Z", not "+00:00"): a re-emission differs in value only.
+    return {**output, "scored_at": now().isoformat().replace("+00:00", "Z")}
 
 
 def without_scored_at(output: dict[str, object]) -> dict[str, object]:

@@ -117,10 +117,10 @@ class TraceStage:
             )
         emitted_before = out.emitted_bytes
         changed = self._apply(state, event, record, out)
-        if changed is not state:  # a re-delivery changes nothing
+        if changed is not state:  # a re-delivery changes nothing, and is not written again
             emitted = out.emitted_bytes - emitted_before  # the outputs it remembers
             batch.size_bound[key] = self._checked_size(key, changed, record, emitted, batch)
-        batch.dirty[key] = changed
+            batch.dirty[key] = changed
 
     def _checked_size(
         self, key: bytes, state: TraceState, record: InputRecord, emitted: int, batch: _Batch
@@ -128,11 +128,12 @@ class TraceStage:
         """An upper bound of `state`'s encoded size, exact (one encode) once it nears the limit.
 
         Raises `Rejected` when the state would exceed `TRACE_STATE_MAX_BYTES` (`ValueBound`). The
-        estimate: an input adds at most twice its own bytes (ids and targets are kept twice), its
-        outputs and 4 KB; the match index's entries of earlier targets (at most six list names each)
+        estimate: an input adds at most three times its own bytes (ids and targets are kept twice, and
+        lower-casing a target can grow it by half: "İ" is 2 bytes, its lower case 3), its outputs and
+        4 KB; the match index's entries of earlier targets (at most six list names each)
         stay well within the quarter of the limit below which the estimate is used.
         """
-        estimate = batch.size_bound[key] + 2 * len(record.value or b"") + emitted + 4096
+        estimate = batch.size_bound[key] + 3 * len(record.value or b"") + emitted + 4096
         return self.state_bound.checked(estimate, lambda: batch.sizes.measure(key, state), record)
 
     def _apply(

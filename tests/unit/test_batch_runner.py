@@ -142,7 +142,9 @@ class _Rig:
 
 
 @contextlib.asynccontextmanager
-async def _running(batches: int, output_topic: str = "out") -> AsyncIterator[_Rig]:
+async def _running(
+    batches: int, output_topic: str = "out", stream: _Stream | None = None
+) -> AsyncIterator[_Rig]:
     settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
     registry = CollectorRegistry()
     svc = SimpleNamespace(
@@ -156,7 +158,7 @@ async def _running(batches: int, output_topic: str = "out") -> AsyncIterator[_Ri
     table, sender = _Table(), _Sender()
     rig = _Rig(
         svc,
-        _Stream([_batch(n) for n in range(1, batches + 1)]),
+        stream or _Stream([_batch(n) for n in range(1, batches + 1)]),
         table,
         sender,
         _Runner(svc, table, sender),
@@ -332,3 +334,70 @@ async def test_latency_is_observed_when_the_broker_acknowledges_the_outputs(exit
         assert latency("count") == 1.0
         seconds = latency("sum")
         assert seconds is not None and seconds >= 2.3
+
+
+class _GatedStream(_Stream):
+    """Yields batches 1 to `first`, then batch `first + 1` only once `go` is set (after a sweep)."""
+
+    def __init__(self, first: int) -> None:
+        super().__init__([])
+        self.first = first
+        self.go = asyncio.Event()
+
+    async def noack_take(self, max_: int, within: float) -> AsyncIterator[list[_Event]]:
+        for number in range(1, self.first + 1):
+            yield _batch(number)
+        await self.go.wait()
+        yield _batch(self.first + 1)
+        await asyncio.Event().wait()
+
+
+def _sweep(rig: _Rig) -> None:
+    """The expiry sweep deletes key k: a tombstone no input will replay."""
+    rig.table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+    rig.runner.send_table_changes()
+
+
+async def test_the_batch_after_a_sweep_sends_outputs_once_the_sweeps_tombstone_is_stored(
+    exits: list[str],
+) -> None:
+    """Batch 2, processed on the swept table, had its outputs acknowledged while the tombstone was
+    unsent: had it been lost, the successor would restore the old value and score batch 2's inputs
+    again, differently, under the same output ids."""
+    stream = _GatedStream(first=1)
+    async with _running(batches=0, stream=stream) as rig:
+        sender = rig.sender
+        sender.ack("outputs", 1)  # batch 1's changelog is on its way
+        await _settle()
+        _sweep(rig)  # a batch of its own, after batch 1
+        stream.go.set()
+        await _settle()
+        sender.ack("changelog", 1)
+        await _settle()
+        assert ("changelog", "sweep") in sender.sent
+        assert ("outputs", "2") not in sender.sent  # the tombstone is not stored yet
+        sender.ack("changelog", "sweep")
+        await _settle()
+        assert ("outputs", "2") in sender.sent
+        assert exits == []
+
+
+async def test_a_sweep_joining_a_waiting_batch_holds_the_next_batchs_outputs_too(exits: list[str]) -> None:
+    """The sweep's changes join batch 3's changelog while it waits for a slot; batch 4, processed
+    after the sweep, must wait for that changelog, not only for batch 3's outputs."""
+    stream = _GatedStream(first=3)
+    async with _running(batches=0, stream=stream) as rig:
+        sender = rig.sender
+        assert rig.processed == ["1", "2", "3"]  # 1 and 2 in flight, 3 waits for a slot
+        _sweep(rig)
+        stream.go.set()
+        for step in (("outputs", 1), ("outputs", 2), ("changelog", 1), ("changelog", 2), ("outputs", 3)):
+            sender.ack(*step)
+            await _settle()
+        assert rig.processed == ["1", "2", "3", "4"]
+        assert sender.values[("changelog", "3")] == [b"state-3", b"state-sweep"]
+        assert ("outputs", "4") not in sender.sent  # batch 3's changelog carries the tombstone
+        sender.ack("changelog", 3)
+        await _settle()
+        assert ("outputs", "4") in sender.sent
+        assert exits == []

@@ -156,3 +156,20 @@ def test_a_value_replaced_without_encode_is_judged_by_what_the_table_holds() -> 
     table[b"0-k"] = Value(last=T0 + timedelta(hours=5)).model_dump_json().encode()
     assert states.due(_passed_at({0: T0 + timedelta(hours=2)})) == []
     assert [key for key, _ in states.due(_passed_at({0: T0 + timedelta(hours=7)}))] == [b"0-k"]
+
+
+class PartitionedValue(BaseModel):
+    partition: int
+    last: datetime
+
+
+def test_a_value_changed_outside_encode_onto_a_new_partition_is_indexed_during_the_sweep() -> None:
+    """Re-indexing such a value inside `due` added a partition's heap to the dict being iterated:
+    RuntimeError. Not reachable with today's wiring (a trace's partition never changes); hardening."""
+    table: dict[bytes, bytes] = {}
+    states = DecodedStates(table, PartitionedValue, sweep_after=lambda k, v: (v.partition, v.last))  # type: ignore[arg-type]
+    table[b"k"] = states.encode(b"k", PartitionedValue(partition=0, last=T0))
+    assert states.due(lambda p, m: False) == []
+    table[b"k"] = PartitionedValue(partition=7, last=T0).model_dump_json().encode()
+    states.due(lambda p, m: True)  # re-indexed on partition 7 (a heap this sweep does not visit)
+    assert [key for key, _ in states.due(lambda p, m: True)] == [b"k"]  # due on its new partition
