@@ -11,24 +11,11 @@ from streams.decode import decode
 from streams.events import LlmResponse
 from streams.scoring.times import standard_zone
 from streams.state import TraceState
+from tests.unit.test_decode import BASE
 
 
 def _response(timestamp: str) -> bytes:
-    event = {
-        "event_id": "e1",
-        "event_type": "LLM_RESPONSE",
-        "timestamp": timestamp,
-        "tenant_id": "t",
-        "trace_id": "tr",
-        "agent_name": "a",
-        "agent_type": "planner",
-        "schema_version": 1,
-        "request_id": "r",
-        "model": "m",
-        "endpoint": "/e",
-        "response": "ok",
-    }
-    return orjson.dumps(event)
+    return orjson.dumps({**BASE, "timestamp": timestamp})
 
 
 def _decode(raw: bytes) -> object:
