@@ -159,6 +159,8 @@ class InputAlignment:
         consumer = app.consumer
         assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}
         partitions = {tp.partition for tp in assigned}
+        # A partition assigned here again starts over: it resumes below the highest time it reached.
+        self._highest = {p: moment for p, moment in self._highest.items() if p in partitions}
         now = self.clock()
         holding = self._holding(consumer, now)
         if holding:

@@ -117,8 +117,9 @@ class BatchRunner:
     one is processed. Changes the sweep makes to this runner's tables join the same sequence
     (`send_table_changes`), so the changelog receives every change in the order the tables saw it;
     and the batch after them sends its outputs only once they are acknowledged: no input replays a
-    sweep, so outputs computed on swept tables must never outlive a lost tombstone. Waiting for every ack before taking the next batch left each stage idle for them (17 ms per batch
-    at half load) and every event waited for the batch before its own (docs/DECISIONS.md).
+    sweep, so outputs computed on swept tables must never outlive a lost tombstone. Waiting for every
+    ack before taking the next batch left each stage idle for them (17 ms per batch at half load) and
+    every event waited for the batch before its own (docs/DECISIONS.md).
     """
 
     IN_FLIGHT = 2
