@@ -12,8 +12,10 @@ from bench.pipeline import main as pipeline_main
 from bench.scoring import main as scoring_main
 from bench.stages import main as stages_main
 from bench.trace_size import main as trace_size_main
+from streams.harness import stop_on_sigterm
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # the pipeline benchmark's broker and workers stop with it
     scoring_main()
     claims_main()
     claim_hub_main()

@@ -105,9 +105,11 @@ def _report_extra_missing() -> bool:
 
 def _demo(args: argparse.Namespace) -> int:
     from streams.demo_runner import run_demo
+    from streams.harness import stop_on_sigterm
 
     if args.report is not None and _report_extra_missing():
         return 2
+    stop_on_sigterm()  # the broker and the worker it starts stop with it
     return run_demo(timeout=args.timeout, report_dir=args.report)
 
 

