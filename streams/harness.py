@@ -94,12 +94,16 @@ def wait_for_kafka(
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.conn import collect_hosts
+
+    # Parsed as aiokafka parses it: a host without a port is on 9092, IPv6 in brackets, spaces and a
+    # trailing comma allowed (a split on ":" raised on the first two and never reached a bracketed host).
+    hosts = [(host, port) for host, port, _ in collect_hosts(bootstrap_servers) if host]
 
     def port_open() -> bool:
         # A plain TCP check first, so aiokafka does not log connection errors while the broker boots.
-        for server in bootstrap_servers.split(","):
-            host, _, port = server.strip().rpartition(":")
-            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+        for host, port in hosts:
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
                 return True
         return False
 

@@ -65,3 +65,29 @@ def test_sigterm_runs_the_clean_up_that_stops_the_broker(tmp_path: Path) -> None
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=20)
     assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "spelling", [",127.0.0.1:{port}", " 127.0.0.1:{port} , ", "[::1]:1,127.0.0.1:{port}"]
+)
+def test_bootstrap_servers_are_read_as_aiokafka_reads_them(spelling: str) -> None:
+    """A trailing comma raised ValueError in the harness's probe (aiokafka accepts it), as did a host
+    without a port; a bracketed IPv6 host was looked up with its brackets."""
+    import asyncio
+
+    async def wait_on_a_listener() -> int:
+        connections = 0
+
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            with pytest.raises(TimeoutError):  # it answers TCP, not Kafka
+                await asyncio.to_thread(wait_for_kafka, spelling.format(port=port), 1.5)
+        return connections
+
+    assert asyncio.run(wait_on_a_listener()) > 0  # the probe reached the listener
