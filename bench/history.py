@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from bench import summary
 from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.decoded_states import DecodedStates
@@ -165,6 +166,13 @@ def main() -> None:
             f"{before:,.0f}",
             f"{median / before:.3f}",
         )
+        if size != 100:  # not the baseline itself
+            summary.add(
+                f"agent history: an LLM response with {size:,} retained entries",
+                median / base,
+                "100 retained entries",
+                f"{median:.0f} us median, {p99:.0f} p99, {written:,} bytes written per response",
+            )
     Console().print(table)
     busy = Table(title=f"one busy agent: stage 2 cost of the last {RESPONSES} responses of its hour")
     for column in ("responses in the hour", "median us", "p99 us", "bytes written per response", "x 720"):
@@ -175,6 +183,13 @@ def main() -> None:
         median, p99, written = _per_response_us(entries, _responses(T0 + step * len(entries), step))
         base = base or median
         busy.add_row(f"{per_hour:,}", f"{median:.0f}", f"{p99:.0f}", f"{written:,}", f"{median / base:.2f}")
+        if per_hour != 720:  # not the baseline itself
+            summary.add(
+                f"agent history: a response of a busy agent, {per_hour:,} in its hour",
+                median / base,
+                "720 in its hour",
+                f"{median:.0f} us median, {p99:.0f} p99, {written:,} bytes written per response",
+            )
     Console().print(busy)
 
 

@@ -9,12 +9,13 @@
 | `KAFKA_BOOTSTRAP_SERVERS`, `TOPIC_PARTITIONS`, `WEB_PORT`, `DATA_DIR` | as for the worker |
 | `CONSUMER_FETCH_MAX_WAIT_MS` | the consumer's fetch wait, the same value the worker gets (Faust alone hardcodes 1500) |
 | `PASSTHROUGH_CONSUMER` | `faust` (default): Faust's own consumer, only the fetch wait set; `streams`: the worker's consumer (`streams.transport.FetchWaitApp`, with its cheaper hand-over of each record), to show what that change alone is worth |
-| `BATCH_SIZE`, `BATCH_WITHIN_SECONDS`, `PRODUCER_*`, `BROKER_*` | the worker's settings, so only the agent differs |
+| `BATCH_SIZE`, `BATCH_WITHIN_SECONDS`, `PRODUCER_*`, `BROKER_*`, `CONSUMER_FETCH_MAX_BYTES`, `GC_GEN0_THRESHOLD` | the worker's settings, so only the agent differs: the same fetch size, records per fetch hand-over and stream buffer (both from `BATCH_SIZE`, as the worker sets them) and garbage-collector threshold |
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["create_app", "main", "set_fetch_max_wait"]
+__all__ = ["create_app", "main", "set_fetch_limits"]
 
 FAUST_FETCH_MAX_WAIT_MS = 1500  # what faust/transport/drivers/aiokafka.py passes to aiokafka
 
@@ -32,11 +33,12 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def set_fetch_max_wait(milliseconds: int) -> None:
-    """Make every Faust worker consumer created from now on wait at most `milliseconds` per fetch.
+def set_fetch_limits(milliseconds: int, max_bytes: int) -> None:
+    """Make every Faust worker consumer created from now on wait at most `milliseconds` per fetch and
+    fetch at most `max_bytes` at a time.
 
-    Faust passes a literal `fetch_max_wait_ms=1500` to aiokafka; aiokafka copies the attribute into its
-    fetcher only in `start()`, so setting it on the freshly created consumer is enough.
+    Faust passes a literal `fetch_max_wait_ms=1500` to aiokafka and no `fetch_max_bytes`; aiokafka copies
+    both attributes into its fetcher only in `start()`, so setting them on the fresh consumer is enough.
     """
     thread_class: Any = faust_aiokafka.AIOKafkaConsumerThread
     original = thread_class._create_worker_consumer
@@ -46,6 +48,7 @@ def set_fetch_max_wait(milliseconds: int) -> None:
     def create_worker_consumer(self: Any, transport: Any) -> Any:
         consumer = original(self, transport)
         consumer._fetch_max_wait_ms = milliseconds
+        consumer._fetch_max_bytes = max_bytes
         return consumer
 
     create_worker_consumer._bench_patched = True  # type: ignore[attr-defined]
@@ -64,6 +67,8 @@ def create_app() -> faust.App:
     consumer = _env("PASSTHROUGH_CONSUMER", "faust")
     if consumer not in ("faust", "streams"):
         raise SystemExit(f"PASSTHROUGH_CONSUMER must be faust or streams, not {consumer!r}")
+    fetch_max_bytes = int(_env("CONSUMER_FETCH_MAX_BYTES", "52428800"))  # aiokafka's default
+    batch_size = int(_env("BATCH_SIZE", "500"))
     options: dict[str, Any] = {}
     app_class: type[faust.App] = faust.App
     if consumer == "streams":
@@ -71,8 +76,9 @@ def create_app() -> faust.App:
 
         app_class = FetchWaitApp
         options["consumer_fetch_max_wait_ms"] = fetch_wait
-    elif fetch_wait != FAUST_FETCH_MAX_WAIT_MS:
-        set_fetch_max_wait(fetch_wait)
+        options["consumer_fetch_max_bytes"] = fetch_max_bytes
+    else:
+        set_fetch_limits(fetch_wait, fetch_max_bytes)
     app = app_class(
         _env("PASSTHROUGH_APP_ID", f"bench-passthrough-{mode}-{consumer}"),
         **options,
@@ -92,6 +98,8 @@ def create_app() -> faust.App:
         producer_max_batch_size=int(_env("PRODUCER_MAX_BATCH_BYTES", "262144")),
         producer_linger_ms=int(_env("PRODUCER_LINGER_MS", "5")),
         consumer_auto_offset_reset="earliest",
+        stream_buffer_maxsize=2 * batch_size,  # as the worker (streams/app.py)
+        broker_max_poll_records=batch_size,
     )
     source = app.topic(_env("PASSTHROUGH_INPUT", "bench-in"), key_type=bytes, value_type=bytes)
     output_name = _env("PASSTHROUGH_OUTPUT", "bench-out")
@@ -105,7 +113,6 @@ def create_app() -> faust.App:
                 await sink.send(key=key, value=value)
 
     else:
-        batch_size = int(_env("BATCH_SIZE", "500"))
         within = float(_env("BATCH_WITHIN_SECONDS", "0.05"))
 
         @app.agent(source, name="forward")
@@ -131,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO)
     app = create_app()
+    gen0 = int(_env("GC_GEN0_THRESHOLD", "0"))  # as the worker does at start (streams/cli.py tune_gc)
+    if gen0:
+        gc.set_threshold(gen0, *gc.get_threshold()[1:])
     # `-l info`, as the service's worker: at `warn` Faust sets the root logger to DEBUG (DESIGN 10).
     Worker(app, loglevel="info", quiet=True).execute_from_commandline()
     return 0

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -57,6 +58,7 @@ from aiokafka.structs import ConsumerRecord
 from rich.console import Console
 from rich.table import Table
 
+from bench import summary
 from bench.mix import Mix, build_mix
 from bench.passthrough import FAUST_FETCH_MAX_WAIT_MS
 from streams.config import Settings, load_settings
@@ -252,15 +254,23 @@ async def produce(
 class Tracker:
     """Follows output records until every expected input has its own output (or a dead letter)."""
 
-    def __init__(self, expected: Iterable[str], produced: Produced, dlq_topic: str | None) -> None:
+    def __init__(
+        self, expected: Iterable[str], produced: Produced, input_topic: str, dlq_topic: str | None
+    ) -> None:
         self.pending = set(expected)
         self.expected = len(self.pending)
         self.produced = produced
+        self.input_topic = input_topic
         self.dlq_topic = dlq_topic
         self.completed_ms: dict[str, int] = {}  # input event id -> timestamp of its own output
-        self.latency_ms: dict[str, list[int]] = {}  # output kind -> latencies of own outputs
+        # Output kind -> milliseconds from the input's producer timestamp to the output's arrival here
+        # (what a consumer of the scored topic sees), and to the output's creation (its record timestamp,
+        # set when the worker appended it to a batch: before its send, the broker and this reader).
+        self.latency_ms: dict[str, list[int]] = {}
+        self.created_ms: dict[str, list[int]] = {}
         self.kinds: Counter[str] = Counter()
         self.dead = 0
+        self.dead_reasons: Counter[str] = Counter()
         self.records = 0
 
     @property
@@ -273,16 +283,19 @@ class Tracker:
             (*place, event_id) for place, event_id in self.produced.place.items() if event_id in self.pending
         )
 
-    def add(self, record: ConsumerRecord[bytes, bytes]) -> None:
+    def add(self, record: ConsumerRecord[bytes, bytes], arrived_ms: int) -> None:
         self.records += 1
         if record.topic == self.dlq_topic:
             headers = dict(record.headers or ())
+            self.dead += 1
+            self.dead_reasons[headers.get("__connect.errors.reason", b"?").decode()] += 1
+            if headers.get("__connect.errors.topic", b"").decode() != self.input_topic:
+                return  # a later stage refused an internal record: its place is not an input's
             place = (
                 int(headers.get("__connect.errors.partition", b"-1")),
                 int(headers.get("__connect.errors.offset", b"-1")),
             )
-            self.dead += 1
-            self._complete(self.produced.place.get(place), "DLQ", record.timestamp)
+            self._complete(self.produced.place.get(place), "DLQ", record.timestamp, arrived_ms)
             return
         try:
             output = orjson.loads(record.value or b"{}")
@@ -292,42 +305,61 @@ class Tracker:
         kind = output.get("event_type", "?")
         self.kinds[kind] += 1
         if "source_event_id" not in output:  # a passthrough forwards the input itself
-            self._complete(output.get("event_id"), kind, record.timestamp)
+            self._complete(output.get("event_id"), kind, record.timestamp, arrived_ms)
         elif kind in ("RESPONSE_SCORED", "TRACE_SCORED") or (
             kind == "CLAIM_SCORED" and output.get("cause") == "self"
         ):
-            self._complete(output["source_event_id"], kind, record.timestamp)
+            self._complete(output["source_event_id"], kind, record.timestamp, arrived_ms)
         elif kind == "SYNTHESIS_SCORED":
-            self._latency(output["source_event_id"], kind, record.timestamp)
+            self._latency(output["source_event_id"], kind, record.timestamp, arrived_ms)
 
-    def _complete(self, event_id: str | None, kind: str, timestamp_ms: int) -> None:
+    def check_clean(self) -> None:
+        """Raise if anything was dead-lettered: the mixes hold no bad events, so a dead letter is a
+        valid input the worker refused, and a run that counted it as done would look faster."""
+        if self.dead:
+            raise RuntimeError(
+                f"{self.dead} dead letters on a mix without bad events: {dict(self.dead_reasons)}"
+            )
+
+    def _complete(self, event_id: str | None, kind: str, created_ms: int, arrived_ms: int) -> None:
         if event_id is None or event_id not in self.pending:
             return
         self.pending.discard(event_id)
-        self.completed_ms[event_id] = timestamp_ms
-        self._latency(event_id, kind, timestamp_ms)
+        self.completed_ms[event_id] = created_ms
+        self._latency(event_id, kind, created_ms, arrived_ms)
 
-    def _latency(self, event_id: str, kind: str, timestamp_ms: int) -> None:
+    def _latency(self, event_id: str, kind: str, created_ms: int, arrived_ms: int) -> None:
         sent = self.produced.timestamp_ms.get(event_id)
         if sent is not None:
-            self.latency_ms.setdefault(kind, []).append(timestamp_ms - sent)
+            self.latency_ms.setdefault(kind, []).append(arrived_ms - sent)
+            self.created_ms.setdefault(kind, []).append(created_ms - sent)
 
 
-async def follow(bootstrap: str, topics: Sequence[str], tracker: Tracker, timeout: float) -> None:
-    """Read `topics` from the beginning into `tracker` until it is done; TimeoutError after `timeout`."""
+async def follow(
+    bootstrap: str,
+    topics: Sequence[str],
+    tracker: Tracker,
+    timeout: float,
+    deployment: Deployment | None = None,
+    fetch_wait: int = 50,
+) -> None:
+    """Read `topics` from the beginning into `tracker` until it is done; TimeoutError after `timeout`.
+    A worker of `deployment` that exits fails the run at once, with its log, rather than at the timeout."""
     consumer = AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         group_id=None,
-        fetch_max_wait_ms=50,
+        fetch_max_wait_ms=fetch_wait,
         max_partition_fetch_bytes=4 * 1024 * 1024,
     )
     await consumer.start()
     deadline = time.monotonic() + timeout
     try:
         while not tracker.done:
+            if deployment is not None:
+                deployment.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{len(tracker.pending)} of {tracker.expected} inputs without their output "
@@ -335,9 +367,10 @@ async def follow(bootstrap: str, topics: Sequence[str], tracker: Tracker, timeou
                     f"(input partition, offset, event id): {tracker.missing()[:5]}"
                 )
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            arrived_ms = int(time.time() * 1000)
             for batch in batches.values():
                 for record in batch:
-                    tracker.add(record)
+                    tracker.add(record, arrived_ms)
     finally:
         await consumer.stop()
 
@@ -433,6 +466,8 @@ async def deploy(
         BATCH_WITHIN_SECONDS=str(settings.batch_within_seconds),
         PRODUCER_MAX_BATCH_BYTES=str(settings.producer_max_batch_bytes),
         PRODUCER_LINGER_MS=str(settings.producer_linger_ms),
+        CONSUMER_FETCH_MAX_BYTES=str(settings.consumer_fetch_max_bytes),
+        GC_GEN0_THRESHOLD=str(settings.gc_gen0_threshold),
     )
     await create_plain_topics(kafka.bootstrap_servers, (topic_in, topic_out), partitions)
     return Deployment(kind, kafka.bootstrap_servers, workdir, partitions, topic_in, [topic_out], None, env)
@@ -532,8 +567,10 @@ class RunResult:
     rss_mb: float
     dead: int
     kinds: Counter[str]
-    latency_ms: dict[str, list[int]] = field(default_factory=dict)
+    latency_ms: dict[str, list[int]] = field(default_factory=dict)  # to arrival at the reader
+    created_ms: dict[str, list[int]] = field(default_factory=dict)  # to the output's record timestamp
     cpu_share: float = 0.0  # worker CPU over the window, in cores
+    produced_rate: float = 0.0  # inputs per second the producer achieved (latency runs: the offered load)
 
     @property
     def rate(self) -> float:
@@ -553,6 +590,7 @@ def _window(tracker: Tracker, sampler: Sampler, events: int) -> RunResult:
         dead=tracker.dead,
         kinds=tracker.kinds,
         latency_ms=tracker.latency_ms,
+        created_ms=tracker.created_ms,
         cpu_share=cpu / seconds,
     )
 
@@ -562,11 +600,14 @@ async def throughput_run(kind: str, kafka: RunningBroker, mix: Mix, fetch_wait: 
     deployment = await deploy(kind, kafka, PARTITIONS, fetch_wait)
     produced = Produced()
     await produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced)
-    tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
+    tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
     proc = deployment.start_worker()
     sampler = Sampler([proc.pid]).start()
     try:
-        await follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT)
+        await follow(
+            kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT, deployment, fetch_wait
+        )
+        tracker.check_clean()
         if kind == "pipeline":
             console.print(f"  batch steps (mean ms per batch): {batch_steps(proc.web_port)}")
     except TimeoutError as exc:
@@ -591,23 +632,35 @@ async def latency_run(
         warm = build_mix(WARMUP_EVENTS, WARMUP_EVENTS // 7, seed=5, run="warm")
         warm_produced = Produced()
         await produce(kafka.bootstrap_servers, deployment.input_topic, warm, warm_produced)
+        warm_tracker = Tracker(warm.event_ids, warm_produced, deployment.input_topic, deployment.dlq_topic)
         await follow(
             kafka.bootstrap_servers,
             deployment.follow_topics,
-            Tracker(warm.event_ids, warm_produced, deployment.dlq_topic),
+            warm_tracker,
             RUN_TIMEOUT,
+            deployment,
+            fetch_wait,
         )
+        warm_tracker.check_clean()
         paced = build_mix(
             max(50, int(rate * seconds)), max(8, int(rate * seconds) // 7), seed=11, run="paced"
         )
         produced = Produced()
-        tracker = Tracker(paced.event_ids, produced, deployment.dlq_topic)
+        tracker = Tracker(paced.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
         sampler = Sampler([proc.pid], interval=0.1).start()
         await asyncio.gather(
             produce(kafka.bootstrap_servers, deployment.input_topic, paced, produced, rate=rate),
-            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            follow(
+                kafka.bootstrap_servers,
+                deployment.follow_topics,
+                tracker,
+                RUN_TIMEOUT,
+                deployment,
+                fetch_wait,
+            ),
         )
         await sampler.stop()
+        tracker.check_clean()
         if kind == "pipeline":
             console.print(f"  batch steps at {rate:.0f}/s (mean ms per batch): {batch_steps(proc.web_port)}")
     except TimeoutError as exc:
@@ -615,6 +668,8 @@ async def latency_run(
     finally:
         await asyncio.to_thread(deployment.stop)
     result = _window(tracker, sampler, len(paced.records) - 1)
+    stamps = sorted(produced.timestamp_ms.values())
+    result.produced_rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-3)
     return result
 
 
@@ -639,10 +694,11 @@ async def produce_round_trips(bootstrap: str, sends: int = 300) -> list[float]:
 
 
 def percentile(values: Sequence[float], share: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least `share` of the values at or below it."""
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
 
 
 # --- 3. memory -------------------------------------------------------------------------------------
@@ -695,6 +751,8 @@ async def memory_run(kafka: RunningBroker, fetch_wait: int) -> MemoryResult:
             deployment.check_alive()
             try:
                 metrics = await asyncio.to_thread(scrape, proc.web_port)
+            except urllib.error.HTTPError:
+                raise  # the worker answered with an error: not a figure to print
             except (urllib.error.URLError, OSError):
                 continue  # web server not up yet
             processed = int(metrics.get("confidence_events_processed_total", 0))
@@ -725,20 +783,47 @@ async def scale_run(workers: int, kafka: RunningBroker, mix: Mix, fetch_wait: in
         deployment.start_worker()
     try:
         await wait_ready(deployment)
+        before = await asyncio.to_thread(_assignments, deployment)
+        if not all(before):
+            raise RuntimeError(f"a worker has no partitions (partitions per worker: {before})")
         produced = Produced()
-        tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
+        tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
         sampler = Sampler([p.pid for p in deployment.procs]).start()
         await asyncio.gather(
             produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
-            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            follow(
+                kafka.bootstrap_servers,
+                deployment.follow_topics,
+                tracker,
+                RUN_TIMEOUT,
+                deployment,
+                fetch_wait,
+            ),
         )
         await sampler.stop()
+        tracker.check_clean()
+        deployment.check_alive()
+        after = await asyncio.to_thread(_assignments, deployment)
+        if after != before:  # a worker left or rejoined: the run did not measure `workers` workers
+            raise RuntimeError(f"partitions per worker moved during the run: {before} -> {after}")
         if os.environ.get("BENCH_DIAG"):
             for proc in deployment.procs:
                 console.print(f"  scale {workers} worker {proc.pid}: {batch_steps(proc.web_port)}")
     finally:
         await asyncio.to_thread(deployment.stop)
     return _window(tracker, sampler, len(mix.records) - 1)
+
+
+def _assignments(deployment: Deployment) -> list[int]:
+    """Partitions each worker consumes (its /readyz; 0 when not ready)."""
+    counts = []
+    for proc in deployment.procs:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{proc.web_port}/readyz", timeout=5) as answer:
+                counts.append(int(orjson.loads(answer.read()).get("assigned_partitions") or 0))
+        except (urllib.error.URLError, OSError):  # 503 (not ready) included
+            counts.append(0)
+    return counts
 
 
 # --- profile ---------------------------------------------------------------------------------------
@@ -764,10 +849,17 @@ async def profile_run(
         )
         await asyncio.sleep(1.0)
         produced = Produced()
-        tracker = Tracker(mix.event_ids, produced, deployment.dlq_topic)
+        tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
         await asyncio.gather(
             produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
-            follow(kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT),
+            follow(
+                kafka.bootstrap_servers,
+                deployment.follow_topics,
+                tracker,
+                RUN_TIMEOUT,
+                deployment,
+                fetch_wait,
+            ),
         )
         recorder.send_signal(signal.SIGINT)
         await asyncio.to_thread(recorder.wait, 30)
@@ -942,7 +1034,10 @@ async def _throughput(ctx: Context) -> None:
     ctx.machine.others()
     results: dict[str, list[RunResult]] = {"naive": [], "naive-ours": [], "batched": [], "pipeline": []}
     for run in range(RUNS):
-        for kind in results:
+        kinds = list(results)
+        # Each run starts with another contestant: a drift over the section (the broker's store grows
+        # with every run) does not land on the same one each time.
+        for kind in kinds[run % len(kinds) :] + kinds[: run % len(kinds)]:
             try:
                 result = await throughput_run(kind, ctx.kafka, ctx.mix, ctx.fetch_wait)
             except Exception as exc:
@@ -973,7 +1068,7 @@ async def _throughput(ctx: Context) -> None:
         cpu = statistics.median(r.cpu_us for r in runs)
         rss = statistics.median(r.rss_mb for r in runs)
         figures = (
-            f"{_spread([r.rate for r in runs], ',.0f')} events/s; "
+            f"{_spread([r.rate for r in runs], ',.0f')} events/s (n={len(runs)}); "
             f"CPU {_spread([r.cpu_us for r in runs], '.0f')} us/event ({_ratio(cpu, base_cpu)}); "
             f"RSS {_spread([r.rss_mb for r in runs], '.0f')} MB ({_ratio(rss, base_rss)})"
         )
@@ -1011,26 +1106,43 @@ async def _latency(ctx: Context) -> None:
             + f"; worker {latency[kind].cpu_share:.2f} cores"
         )
     others = ctx.machine.others()
-    naive = (
-        [v for values in latency["naive"].latency_ms.values() for v in values] if "naive" in latency else []
-    )
+
+    def pooled(kind: str, created: bool = False) -> list[int]:
+        """Every latency of `kind`'s run over all its output kinds (a passthrough has one)."""
+        if kind not in latency:
+            return []
+        by_kind = latency[kind].created_ms if created else latency[kind].latency_ms
+        return [v for values in by_kind.values() for v in values]
+
+    naive = pooled("naive")
     base_p50, base_p99 = percentile(naive, 0.5), percentile(naive, 0.99)
-    load = f"{rate:,.0f} events/s for {LATENCY_SECONDS:.0f} s"
-    rows: list[tuple[str, list[int]]] = []
+    produced_at = {kind: f"{result.produced_rate:,.0f}" for kind, result in latency.items()}
+    load = (
+        f"{rate:,.0f} events/s offered for {LATENCY_SECONDS:.0f} s (produced at "
+        + ", ".join(f"{kind} {value}/s" for kind, value in produced_at.items())
+        + ")"
+    )
+    rows: list[tuple[str, list[int], list[int]]] = []
     if "batched" in latency:
-        rows.append(("batched passthrough", [v for vs in latency["batched"].latency_ms.values() for v in vs]))
+        rows.append(("batched passthrough", pooled("batched"), pooled("batched", created=True)))
     if "pipeline" in latency:
         for kind in ("RESPONSE_SCORED", "TRACE_SCORED", "CLAIM_SCORED", "SYNTHESIS_SCORED"):
             if latency["pipeline"].latency_ms.get(kind):
-                rows.append((kind, latency["pipeline"].latency_ms[kind]))
-    for name, values in rows:
+                rows.append(
+                    (kind, latency["pipeline"].latency_ms[kind], latency["pipeline"].created_ms[kind])
+                )
+    naive_created = pooled("naive", created=True)
+    for name, values, created in rows:
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
         target = "; target p50 < 20, p99 < 50 ms" if name == "RESPONSE_SCORED" else ""
         ctx.row(
-            f"latency: {name} (p50 / p99)",
+            f"latency: {name}, producer timestamp to arrival at a reader (p50 / p99)",
             f"{_ratio(p50, base_p50)} / {_ratio(p99, base_p99)}",
             "naive passthrough, same load",
-            f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms at {load} (n={len(values)}){target}",
+            f"{p50:.0f} / {p99:.0f} ms vs {base_p50:.0f} / {base_p99:.0f} ms (to the output's creation: "
+            f"{percentile(created, 0.5):.0f} / {percentile(created, 0.99):.0f} vs "
+            f"{percentile(naive_created, 0.5):.0f} / {percentile(naive_created, 0.99):.0f} ms) at {load} "
+            f"(n={len(values)}){target}",
             others,
         )
     try:
@@ -1081,17 +1193,22 @@ async def _memory(ctx: Context) -> None:
             f"  {point.seconds:6.1f} s  {point.processed:8,} events ({rate:6,.0f}/s)  "
             f"RSS {point.rss_mb:6.1f} MB  tables: {tables or 'not swept yet'}"
         )
-    if not memory.points:
+    if len({p.processed for p in memory.points}) < 4:
+        ctx.failed("memory run", RuntimeError(f"only {len(memory.points)} samples of the worker's metrics"))
+        ctx.row("memory", "FAILED", "", "too few samples", others)
         return
     last = memory.points[-1]
     half = min(memory.points, key=lambda p: abs(p.processed - last.processed / 2))
     end_fit, half_fit = _second_half_line(memory.points, half, last)
+    first_slope, second_slope = _half_slopes(memory.points, half)
     ctx.row(
         "memory: worker RSS, end vs half-way (a line fitted to the second half's samples)",
         _ratio(end_fit, half_fit),
         f"RSS at {half.processed:,} events",
         f"fitted {end_fit:.0f} vs {half_fit:.0f} MB (sampled {last.rss_mb:.0f} MB at {last.processed:,} "
-        f"events vs {half.rss_mb:.0f} MB); {memory.traces:,} "
+        f"events vs {half.rss_mb:.0f} MB); growth {second_slope:+.1f} MB per 100k events in the second "
+        f"half against {first_slope:+.1f} in the first ({_ratio(second_slope, first_slope)}: 1.0x is "
+        f"growth that never levels off, 0x flat); {memory.traces:,} "
         f"traces over {MEMORY_SPAN_DAYS:.0f} days of event time; table keys at end: "
         + ", ".join(f"{k} {v:,}" for k, v in sorted(last.tables.items()))
         + " (half-way: "
@@ -1117,6 +1234,23 @@ def _second_half_line(points: list[MemoryPoint], half: MemoryPoint, last: Memory
     return intercept + slope * last.processed, intercept + slope * half.processed
 
 
+def _half_slopes(points: list[MemoryPoint], half: MemoryPoint) -> tuple[float, float]:
+    """RSS growth in MB per 100k events of least-squares lines through the samples before and after
+    `half`. The end-vs-half ratio alone hides a steady leak behind a large base (160 bytes an event
+    over 100k events on 300 MB reads 1.03x); a leak grows as fast in both halves, a curve that levels
+    off much slower in the second."""
+
+    def slope(part: list[MemoryPoint]) -> float:
+        if len({p.processed for p in part}) < 2:
+            return 0.0
+        fitted = statistics.linear_regression([float(p.processed) for p in part], [p.rss_mb for p in part])
+        return fitted.slope * 100_000
+
+    first = [p for p in points if p.processed <= half.processed]
+    second = [p for p in points if p.processed >= half.processed]
+    return slope(first), slope(second)
+
+
 async def _scale(ctx: Context) -> None:
     """Section 4: 1 vs 2 workers on SCALE_PARTITIONS partitions, alternating, RUNS pairs."""
     ctx.machine.others()
@@ -1124,9 +1258,9 @@ async def _scale(ctx: Context) -> None:
     # One pair ranged 1.05-1.35x between identical runs on this 2-core machine (broker, producer and
     # two workers share it): pairs, alternating, and the median ratio with its spread.
     pairs: list[tuple[RunResult, RunResult]] = []
-    for _ in range(RUNS):
+    for run in range(RUNS):
         pair: dict[int, RunResult] = {}
-        for workers in (1, 2):
+        for workers in (1, 2) if run % 2 == 0 else (2, 1):  # alternating which goes first
             try:
                 pair[workers] = await scale_run(workers, ctx.kafka, mix, ctx.fetch_wait)
             except Exception as exc:
@@ -1209,13 +1343,15 @@ async def _run_all(kafka: RunningBroker, machine: Machine) -> int:
 
     table = Table(
         title=(
-            f"pipeline benchmark ({_revision()}): {kafka.kind} broker, {os.cpu_count()} cores, "
+            f"make bench ({_revision()}): {kafka.kind} broker, {os.cpu_count()} cores, "
             f"fetch wait {fetch_wait} ms, {PARTITIONS} partition(s), {RUNS} run(s) each "
             f"(median \\[min-max]); mix {mix.describe()}"
         )
     )
     for column in ("measurement", "ratio", "baseline (same run)", "absolute figures", "others"):
         table.add_column(column, justify="right" if column in ("ratio", "others") else "left")
+    for measurement, ratio, baseline, figures in summary.ROWS:  # the micro-benchmarks run before this
+        table.add_row(measurement, ratio, baseline, figures, "")
     for row in ctx.rows:
         table.add_row(*row)
     if not worker_has_setting and fetch_wait != FAUST_FETCH_MAX_WAIT_MS:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 from rich.table import Table
 
+from bench import summary
 from streams.config import load_settings, scoring_configs
 from streams.demo import encode
 from streams.scoring import claims, composite, evidence, heuristic, response, synthesis
@@ -112,6 +113,13 @@ def main() -> None:
         table.add_column(column, justify="right" if column != "scorer" else "left")
     for name, median, p99 in results:
         table.add_row(name, f"{median:.1f}", f"{p99:.1f}", f"{median / base_median:.2f}")
+    for name, median, p99 in results[1:]:
+        summary.add(
+            f"scorer: {name}",
+            median / base_median,
+            f"{results[0][0].removeprefix('baseline: ')} ({base_median:.1f} us)",
+            f"{median:.1f} us median, {p99:.1f} p99 ({REPEAT} calls, 500-token response)",
+        )
     Console().print(table)
 
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from bench import summary
 from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.decoded_states import DecodedStates
@@ -123,6 +124,13 @@ def main() -> None:
         median, state_bytes = _per_input(size)
         base = base or median
         table.add_row(f"{size:,}", f"{median:,.0f}", f"{state_bytes / 1024:,.0f}", f"{median / base:,.1f}x")
+        if size != 10:  # not the baseline itself
+            summary.add(
+                f"trace size: a TOOL_INVOCATION after {size:,} earlier inputs of its trace",
+                median / base,
+                "after 10 earlier inputs",
+                f"{median:,.0f} us median, trace state {state_bytes / 1024:,.0f} KB",
+            )
     Console().print(table)
 
 
