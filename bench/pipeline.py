@@ -120,6 +120,21 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def broker_pids() -> list[int]:
+    """The embedded broker's processes (children of this one named tansu); none for another broker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{entry}/stat") as handle:
+                name, _, rest = handle.read().partition(" (")[2].rpartition(")")
+                parent = int(rest.split()[1])
+            if parent == os.getpid() and name.startswith("tansu"):
+                found.append(int(entry))
+    return found
+
+
 class Proc:
     """A worker subprocess (the service's or a passthrough), its output in a log file."""
 
@@ -570,6 +585,7 @@ class RunResult:
     latency_ms: dict[str, list[int]] = field(default_factory=dict)  # to arrival at the reader
     created_ms: dict[str, list[int]] = field(default_factory=dict)  # to the output's record timestamp
     cpu_share: float = 0.0  # worker CPU over the window, in cores
+    broker_cpu_us: float = 0.0  # the embedded broker's CPU per input event over the window (0: not ours)
     produced_rate: float = 0.0  # inputs per second the producer achieved (latency runs: the offered load)
 
     @property
@@ -577,12 +593,14 @@ class RunResult:
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-def _window(tracker: Tracker, sampler: Sampler, events: int) -> RunResult:
+def _window(tracker: Tracker, sampler: Sampler, events: int, broker: Sampler | None = None) -> RunResult:
     stamps = sorted(tracker.completed_ms.values())
     start, end = stamps[0] / 1000, stamps[-1] / 1000
     seconds = max(end - start, 1e-3)
     cpu = sampler.cpu_at(end) - sampler.cpu_at(start)
+    broker_cpu = broker.cpu_at(end) - broker.cpu_at(start) if broker is not None else 0.0
     return RunResult(
+        broker_cpu_us=1e6 * broker_cpu / events,
         events=events,
         seconds=seconds,
         cpu_us=1e6 * cpu / events,
@@ -603,6 +621,9 @@ async def throughput_run(kind: str, kafka: RunningBroker, mix: Mix, fetch_wait: 
     tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
     proc = deployment.start_worker()
     sampler = Sampler([proc.pid]).start()
+    # The worker's outputs, changelogs and internal topics are the broker's work too (a passthrough
+    # makes it store one record per input).
+    broker = Sampler(broker_pids()).start()
     try:
         await follow(
             kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT, deployment, fetch_wait
@@ -614,9 +635,10 @@ async def throughput_run(kind: str, kafka: RunningBroker, mix: Mix, fetch_wait: 
         raise RuntimeError(f"{kind}: {exc}; log {proc.log_path}:\n{proc.log_tail()}") from exc
     finally:
         await sampler.stop()
+        await broker.stop()
         await asyncio.to_thread(deployment.stop)
     # (N - 1) intervals between the first and the last completion: the rate those N outputs came at.
-    return _window(tracker, sampler, len(mix.records) - 1)
+    return _window(tracker, sampler, len(mix.records) - 1, broker)
 
 
 # --- 2. latency ----------------------------------------------------------------------------------
@@ -1047,7 +1069,8 @@ async def _throughput(ctx: Context) -> None:
             console.print(
                 f"throughput {kind:10} run {run + 1}: {result.rate:8,.0f} events/s, "
                 f"{result.cpu_us:6.0f} us CPU/event, RSS {result.rss_mb:5.0f} MB, "
-                f"{result.seconds:.2f} s, {result.cpu_share:.2f} cores, dead letters {result.dead}"
+                f"{result.seconds:.2f} s, {result.cpu_share:.2f} cores, broker {result.broker_cpu_us:.0f} us "
+                f"CPU/event"
             )
     others = ctx.machine.others()
     labels = {
@@ -1060,6 +1083,7 @@ async def _throughput(ctx: Context) -> None:
     base_rate = statistics.median(r.rate for r in base) if base else 0.0
     base_cpu = statistics.median(r.cpu_us for r in base) if base else 0.0
     base_rss = statistics.median(r.rss_mb for r in base) if base else 0.0
+    base_broker = statistics.median(r.broker_cpu_us for r in base) if base else 0.0
     for kind, runs in results.items():
         if not runs:
             ctx.row(f"throughput: {labels[kind]}", "FAILED", "", "", others)
@@ -1072,6 +1096,9 @@ async def _throughput(ctx: Context) -> None:
             f"CPU {_spread([r.cpu_us for r in runs], '.0f')} us/event ({_ratio(cpu, base_cpu)}); "
             f"RSS {_spread([r.rss_mb for r in runs], '.0f')} MB ({_ratio(rss, base_rss)})"
         )
+        if base_broker:
+            broker_cpu = statistics.median(r.broker_cpu_us for r in runs)
+            figures += f"; broker CPU {broker_cpu:.0f} us/event ({_ratio(broker_cpu, base_broker)})"
         if kind == "pipeline" and base_rate:
             figures += f"; targets: >= 1.0x throughput (1.5x = {1.5 * base_rate:,.0f}/s), CPU <= 2.0x"
             if results["naive-ours"]:
