@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -121,6 +121,14 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for `condition` (e.g. the exit stop_worker schedules with call_later), failing after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture
 def exits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """stop_worker's delayed os._exit, recorded instead."""
@@ -143,9 +151,15 @@ class _Rig:
 
 @contextlib.asynccontextmanager
 async def _running(
-    batches: int, output_topic: str = "out", stream: _Stream | None = None
+    batches: int,
+    output_topic: str = "out",
+    stream: _Stream | None = None,
+    fail_processing: str | None = None,
+    send_timeout_seconds: float = 30.0,
 ) -> AsyncIterator[_Rig]:
-    settings = load_settings().model_copy(update={"fatal_exit_delay_seconds": 0.0})
+    settings = load_settings().model_copy(
+        update={"fatal_exit_delay_seconds": 0.0, "send_timeout_seconds": send_timeout_seconds}
+    )
     registry = CollectorRegistry()
     svc = SimpleNamespace(
         settings=settings,
@@ -167,6 +181,8 @@ async def _running(
 
     def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
         number = (records[0].value or b"").decode().split("-")[1]
+        if number == fail_processing:
+            raise ValueError(f"a bug while processing batch {number}")
         rig.processed.append(number)
         # Its input was produced 2 s before: the latency histogram must count from there to the ack.
         answers = ("TEST_SCORED", time.time() - 2.0)
@@ -221,7 +237,7 @@ async def test_a_failed_send_stops_the_worker_and_acknowledges_nothing_after_it(
         await _settle()
         sender.ack("changelog", 1)
         await _settle()
-        await asyncio.sleep(0.01)  # the exit is scheduled with call_later(0)
+        await _until(lambda: exits == ["exit"])  # the exit is scheduled with call_later(0)
         assert svc.health.fatal is not None and "broker refused" in svc.health.fatal
         assert exits == ["exit"]
         assert stream.acked == [10, 11]  # batch 1 completed before the failure; nothing after it
@@ -236,10 +252,52 @@ async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledge
         sender.ack("outputs", 2)
         sender.fail("changelog", 1)
         await _settle()
-        await asyncio.sleep(0.01)
+        await _until(lambda: exits == ["exit"])
         assert svc.health.fatal is not None
         assert stream.acked == []
         assert ("changelog", "2") not in sender.sent  # never stored ahead of the batch before it
+
+
+async def test_a_batch_whose_processing_raises_is_never_acknowledged_and_stops_the_worker(
+    exits: list[str],
+) -> None:
+    """A bug outside the per-record guard: skipping the batch would let batch 3's ack commit past it."""
+    async with _running(batches=3, fail_processing="2") as rig:
+        svc, stream, sender = rig.svc, rig.stream, rig.sender
+        await _until(lambda: exits == ["exit"])
+        assert svc.health.fatal is not None and "a bug while processing batch 2" in svc.health.fatal
+        sender.ack("outputs", 1)
+        await _settle()
+        sender.ack("changelog", 1)  # batch 1, processed before, still completes
+        await _settle()
+        assert rig.processed == ["1"]  # batch 3 is never taken: the agent holds inside batch 2
+        assert stream.acked == [10, 11]
+        assert sender.sent == [("outputs", "1"), ("changelog", "1")]
+
+
+async def test_a_send_the_broker_never_answers_stops_the_worker_after_the_send_timeout(
+    exits: list[str],
+) -> None:
+    async with _running(batches=1, send_timeout_seconds=0.05) as rig:
+        await _until(lambda: exits == ["exit"])  # no ack ever comes
+        assert rig.svc.health.fatal is not None and "TimeoutError" in rig.svc.health.fatal
+        assert rig.stream.acked == []
+
+
+async def test_once_another_agent_failed_this_one_processes_and_acknowledges_nothing_more(
+    exits: list[str],
+) -> None:
+    stream = _GatedStream(first=1)
+    async with _running(batches=0, stream=stream) as rig:
+        rig.svc.health.fatal = "score-claims failed a batch of 3: ..."  # set by another agent
+        stream.go.set()  # batch 2 arrives after the failure
+        rig.sender.ack("outputs", 1)
+        await _settle()
+        rig.sender.ack("changelog", 1)
+        await _settle()
+        assert rig.processed == ["1"]
+        assert ("outputs", "2") not in rig.sender.sent
+        assert rig.stream.acked == [10, 11]  # batch 1 was processed before the failure
 
 
 async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits: list[str]) -> None:
