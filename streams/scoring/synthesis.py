@@ -176,13 +176,10 @@ def _conflicts(claims: Sequence[TraceClaim], cfg: SynthesisConfig) -> tuple[Conf
     best: dict[tuple[str, str], Conflict] = {}
 
     def offer(a: str, b: str, severity: float, by: Literal["explicit", "heuristic"]) -> None:
+        """Keep the pair's highest severity; explicit hits are offered first, so they win ties."""
         pair = (a, b) if a < b else (b, a)
         current = best.get(pair)
-        if (
-            current is None
-            or severity > current.severity
-            or (severity == current.severity and by == "explicit" and current.detected_by == "heuristic")
-        ):
+        if current is None or severity > current.severity:
             best[pair] = Conflict(
                 claim_a=pair[0], claim_b=pair[1], type="contradiction", severity=severity, detected_by=by
             )

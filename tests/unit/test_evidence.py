@@ -13,14 +13,14 @@ from streams.scoring.evidence import EvidenceConfig, EvidenceState, Invocation, 
 CFG = EvidenceConfig()
 
 
-def run(*calls: tuple[str, str] | tuple[str, str, dict[str, Any]]) -> Any:
+def run(*calls: tuple[str, str] | tuple[str, str, dict[str, Any]], cfg: EvidenceConfig = CFG) -> Any:
     state = EvidenceState()
     for i, call in enumerate(calls):
         tool, target = call[0], call[1]
         extra = call[2] if len(call) == 3 else {}  # type: ignore[misc]
         fields = {"status": "ok", **extra}
-        state = update(state, Invocation(event_id=f"e{i}", tool=tool, target=target, **fields), CFG)
-    return score(state, CFG)
+        state = update(state, Invocation(event_id=f"e{i}", tool=tool, target=target, **fields), cfg)
+    return score(state, cfg)
 
 
 def test_seed_case_find_read_different_targets() -> None:
@@ -339,3 +339,13 @@ def test_a_long_trace_compares_each_new_target_once() -> None:
         evidence.targets_match = original  # type: ignore[assignment]
     assert calls == 1_000  # the new target against each of the 1,000 listed before it; score: none
     assert score(state, CFG).convergence.target == "src/m999/f999.py"
+
+
+def test_the_gates_compare_the_score_rounded_to_nine_decimals() -> None:
+    """DESIGN 4b: a float sum a hair below a threshold is the threshold. This trace sums to
+    0.39999999999999997; with a recovery threshold of 0.40 it must not recommend recovery."""
+    calls = (("discovery", "a", {"factors_found": 1}), ("ctest", "a", {"tests_passed": False}), ("git", "b"))
+    result = run(*calls)
+    assert result.score < 0.40 and round(result.score, 9) == 0.40
+    at_bound = run(*calls, cfg=EvidenceConfig(recovery_threshold=0.40, stop_threshold=0.40))
+    assert not at_bound.recovery_recommended and not at_bound.should_stop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -12,7 +13,8 @@ from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.scoring import evidence
 from streams.stages import InputRecord, TraceStage
-from streams.state import TraceState
+from streams.stages.common import Outputs
+from streams.state import CalibrationItem, TraceState
 
 BASE = {
     "event_type": "TOOL_INVOCATION",
@@ -154,3 +156,35 @@ def test_an_input_remembered_in_a_compressed_block_is_re_emitted_unchanged() -> 
         }
         # scored_at as a first emission writes it (pydantic: "Z"), only its value differs
         assert now["scored_at"].endswith("Z") and before["scored_at"].endswith("Z")
+
+
+def test_a_handler_that_fails_leaves_nothing_it_queued_in_the_batch() -> None:
+    """Outputs, calibration items and metric updates of a dead-lettered record all go: a scored
+    response whose composite then failed must not reach calibration as a subject."""
+    settings = load_settings()
+    out = Outputs(settings, metrics.create(CollectorRegistry()))
+    record = _record(0, event_id="e1")
+
+    def fails_late(record: InputRecord) -> None:
+        out.emit({"event_type": "TRACE_SCORED"}, b"k", flagged=True, received_at=1.0)
+        out.calibrate("t", 0, CalibrationItem(received_at=1.0))
+        out.meter(lambda: None)
+        raise RuntimeError("after queueing")
+
+    out.guarded(record, "test", fails_late)
+    assert out.calibration == [] and out.metered == []
+    assert [r.topic for r in out.records] == [settings.dlq_topic]
+
+
+def test_a_late_event_never_moves_a_traces_last_event_time_back() -> None:
+    """The trace TTL counts from the newest event time seen: an out-of-order event from before must
+    not shorten it."""
+    stage = _stage()
+    store: dict[bytes, TraceState] = {}
+    batches = (("e1", "2026-11-22T12:00:00Z"), ("e2", "2026-11-22T10:00:00Z"))
+    for offset, (event_id, timestamp) in enumerate(batches):
+        record = _record(offset, event_id=event_id, timestamp=timestamp, target="Foo")
+        _, states = stage.process([record], store.get)
+        store.update(states)
+    (state,) = store.values()
+    assert state.last_event_time == datetime(2026, 11, 22, 12, tzinfo=UTC)

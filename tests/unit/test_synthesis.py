@@ -111,3 +111,30 @@ def test_overall_in_unit_interval(parts: list[tuple[float, str, float | None]]) 
     result = synthesize([sub(str(i), s, c, lp) for i, (s, c, lp) in enumerate(parts)], [], CFG)
     assert 0.0 <= result.overall <= 1.0
     assert result.filtered_count == sum(1 for s in result.sources if not s.included)
+
+
+def test_a_source_exactly_at_min_confidence_is_included() -> None:
+    """Seed 000 filters below MinConfidence: a source at the bound is kept (0.3 with the defaults)."""
+    assert source_confidence(sub("b", 0.3), CFG) == pytest.approx(CFG.min_confidence)
+    result = synthesize([sub("b", 0.3)], [], CFG)
+    assert result.sources[0].included and result.filtered_count == 0
+
+
+@pytest.mark.parametrize("explicit_on", ["1", "2"])
+def test_an_explicit_contradiction_wins_a_tie_with_the_negation_heuristic(explicit_on: str) -> None:
+    """The seed's negation pair, also declared contradicting at the heuristic's own severity (0.6):
+    one conflict, credited to the declaration whichever claim carries it (either is offered first)."""
+    other = "2" if explicit_on == "1" else "1"
+    statements = {"1": "The function returns nil on error", "2": "The function never returns nil"}
+    claims = [
+        TraceClaim(
+            claim_id=claim_id,
+            statement=statement,
+            contradicts=((other, CFG.heuristic_conflict_severity),) if claim_id == explicit_on else (),
+        )
+        for claim_id, statement in statements.items()
+    ]
+    conflicts = synthesize([sub("a", 0.9)], claims, CFG).conflicts
+    assert [(c.claim_a, c.claim_b, c.severity, c.detected_by) for c in conflicts] == [
+        ("1", "2", CFG.heuristic_conflict_severity, "explicit")
+    ]
