@@ -274,3 +274,19 @@ def test_no_partition_is_held_back_longer_than_the_max_hold_in_a_row() -> None:
 def test_the_max_hold_is_at_most_half_the_input_retention() -> None:
     assert load_settings().alignment_max_hold_seconds == 600
     assert load_settings(input_retention_ms=300_000).alignment_max_hold_seconds == 150
+
+
+def test_a_partition_assigned_here_again_counts_as_delivering_from_where_it_resumes() -> None:
+    """It may come back at an older offset (another worker had it and committed less): its time then
+    moves on below the highest it reached here before, and that is progress all the same."""
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 5 * HOUR, p1=T0 + 5 * HOUR)
+    moved = {TP("in", 1), TP(INTERNAL, 1)}
+    s.consumer.assigned -= moved
+    s.now += 5  # past idle_seconds: what p1 delivered before no longer counts
+    s.alignment.check(s.app)
+    s.consumer.assigned |= moved
+    s.now += 1
+    s.batch(p1=T0 + HOUR)
+    s.batch(p1=T0 + 2 * HOUR)
+    assert s.paused() == {0}  # p0 is 3 h ahead of p1, which is delivering again
