@@ -8,7 +8,7 @@
 | `PASSTHROUGH_APP_ID`, `PASSTHROUGH_INPUT`, `PASSTHROUGH_OUTPUT` | its own group and topics |
 | `KAFKA_BOOTSTRAP_SERVERS`, `TOPIC_PARTITIONS`, `WEB_PORT`, `DATA_DIR` | as for the worker |
 | `CONSUMER_FETCH_MAX_WAIT_MS` | the consumer's fetch wait, the same value the worker gets (Faust alone hardcodes 1500) |
-| `PASSTHROUGH_CONSUMER` | `faust` (default): Faust's own consumer, only the fetch wait set; `streams`: the worker's consumer (`streams.transport.FetchWaitApp`, with its cheaper hand-over of each record), to show what that change alone is worth |
+| `PASSTHROUGH_CONSUMER` | `faust` (default): Faust's own consumer, only its fetch wait and size set; `streams`: the worker's consumer (`streams.transport.FetchWaitApp`, with its cheaper hand-over of each record), to show what that change alone is worth |
 | `BATCH_SIZE`, `BATCH_WITHIN_SECONDS`, `PRODUCER_*`, `BROKER_*`, `CONSUMER_FETCH_MAX_BYTES`, `GC_GEN0_THRESHOLD` | the worker's settings, so only the agent differs: the same fetch size and garbage-collector threshold |
 
 Not the worker's stream buffer (`2 * BATCH_SIZE`) and records per fetch hand-over (`BATCH_SIZE`): with

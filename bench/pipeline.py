@@ -390,6 +390,22 @@ async def follow(
         await consumer.stop()
 
 
+async def produce_and_follow(
+    kafka: RunningBroker, deployment: Deployment, mix: Mix, fetch_wait: int, rate: float | None = None
+) -> Tracker:
+    """Produce `mix` to the deployment's input while following its outputs until every input has its
+    own; fails if a worker exits or anything is dead-lettered (the mixes hold no bad events)."""
+    tracker = Tracker(mix.event_ids, Produced(), deployment.input_topic, deployment.dlq_topic)
+    await asyncio.gather(
+        produce(kafka.bootstrap_servers, deployment.input_topic, mix, tracker.produced, rate=rate),
+        follow(
+            kafka.bootstrap_servers, deployment.follow_topics, tracker, RUN_TIMEOUT, deployment, fetch_wait
+        ),
+    )
+    tracker.check_clean()
+    return tracker
+
+
 # --- deployments -------------------------------------------------------------------------------------
 
 
@@ -652,37 +668,13 @@ async def latency_run(
     proc = deployment.start_worker()
     try:
         warm = build_mix(WARMUP_EVENTS, WARMUP_EVENTS // 7, seed=5, run="warm")
-        warm_produced = Produced()
-        await produce(kafka.bootstrap_servers, deployment.input_topic, warm, warm_produced)
-        warm_tracker = Tracker(warm.event_ids, warm_produced, deployment.input_topic, deployment.dlq_topic)
-        await follow(
-            kafka.bootstrap_servers,
-            deployment.follow_topics,
-            warm_tracker,
-            RUN_TIMEOUT,
-            deployment,
-            fetch_wait,
-        )
-        warm_tracker.check_clean()
+        await produce_and_follow(kafka, deployment, warm, fetch_wait)
         paced = build_mix(
             max(50, int(rate * seconds)), max(8, int(rate * seconds) // 7), seed=11, run="paced"
         )
-        produced = Produced()
-        tracker = Tracker(paced.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
         sampler = Sampler([proc.pid], interval=0.1).start()
-        await asyncio.gather(
-            produce(kafka.bootstrap_servers, deployment.input_topic, paced, produced, rate=rate),
-            follow(
-                kafka.bootstrap_servers,
-                deployment.follow_topics,
-                tracker,
-                RUN_TIMEOUT,
-                deployment,
-                fetch_wait,
-            ),
-        )
+        tracker = await produce_and_follow(kafka, deployment, paced, fetch_wait, rate=rate)
         await sampler.stop()
-        tracker.check_clean()
         if kind == "pipeline":
             console.print(f"  batch steps at {rate:.0f}/s (mean ms per batch): {batch_steps(proc.web_port)}")
     except TimeoutError as exc:
@@ -690,7 +682,7 @@ async def latency_run(
     finally:
         await asyncio.to_thread(deployment.stop)
     result = _window(tracker, sampler, len(paced.records) - 1)
-    stamps = sorted(produced.timestamp_ms.values())
+    stamps = sorted(tracker.produced.timestamp_ms.values())
     result.produced_rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-3)
     return result
 
@@ -808,22 +800,9 @@ async def scale_run(workers: int, kafka: RunningBroker, mix: Mix, fetch_wait: in
         before = await asyncio.to_thread(_assignments, deployment)
         if not all(before):
             raise RuntimeError(f"a worker has no partitions (partitions per worker: {before})")
-        produced = Produced()
-        tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
         sampler = Sampler([p.pid for p in deployment.procs]).start()
-        await asyncio.gather(
-            produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
-            follow(
-                kafka.bootstrap_servers,
-                deployment.follow_topics,
-                tracker,
-                RUN_TIMEOUT,
-                deployment,
-                fetch_wait,
-            ),
-        )
+        tracker = await produce_and_follow(kafka, deployment, mix, fetch_wait)
         await sampler.stop()
-        tracker.check_clean()
         deployment.check_alive()
         after = await asyncio.to_thread(_assignments, deployment)
         if after != before:  # a worker left or rejoined: the run did not measure `workers` workers
@@ -870,19 +849,7 @@ async def profile_run(
             stderr=subprocess.DEVNULL,
         )
         await asyncio.sleep(1.0)
-        produced = Produced()
-        tracker = Tracker(mix.event_ids, produced, deployment.input_topic, deployment.dlq_topic)
-        await asyncio.gather(
-            produce(kafka.bootstrap_servers, deployment.input_topic, mix, produced),
-            follow(
-                kafka.bootstrap_servers,
-                deployment.follow_topics,
-                tracker,
-                RUN_TIMEOUT,
-                deployment,
-                fetch_wait,
-            ),
-        )
+        await produce_and_follow(kafka, deployment, mix, fetch_wait)
         recorder.send_signal(signal.SIGINT)
         await asyncio.to_thread(recorder.wait, 30)
     finally:
