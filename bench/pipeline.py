@@ -916,7 +916,7 @@ def _package(path: str) -> str:
 # --- report ----------------------------------------------------------------------------------------
 
 
-def _spread(values: Sequence[float], fmt: str) -> str:
+def spread(values: Sequence[float], fmt: str) -> str:
     median = statistics.median(values)
     if len(values) == 1:
         return format(median, fmt)
@@ -1059,9 +1059,9 @@ async def _throughput(ctx: Context) -> None:
         cpu = statistics.median(r.cpu_us for r in runs)
         rss = statistics.median(r.rss_mb for r in runs)
         figures = (
-            f"{_spread([r.rate for r in runs], ',.0f')} events/s (n={len(runs)}); "
-            f"CPU {_spread([r.cpu_us for r in runs], '.0f')} us/event ({_ratio(cpu, base_cpu)}); "
-            f"RSS {_spread([r.rss_mb for r in runs], '.0f')} MB ({_ratio(rss, base_rss)})"
+            f"{spread([r.rate for r in runs], ',.0f')} events/s (n={len(runs)}); "
+            f"CPU {spread([r.cpu_us for r in runs], '.0f')} us/event ({_ratio(cpu, base_cpu)}); "
+            f"RSS {spread([r.rss_mb for r in runs], '.0f')} MB ({_ratio(rss, base_rss)})"
         )
         if base_broker:
             broker_cpu = statistics.median(r.broker_cpu_us for r in runs)
@@ -1276,7 +1276,7 @@ async def _scale(ctx: Context) -> None:
             f"scale-out: 2 workers vs 1, {SCALE_PARTITIONS} partitions, {len(pairs)} pair(s)",
             f"{statistics.median(ratios):.2f}x",
             "1 worker",
-            f"ratios {_spread(ratios, '.2f')}; median pair {two.rate:,.0f} vs {one.rate:,.0f} events/s, "
+            f"ratios {spread(ratios, '.2f')}; median pair {two.rate:,.0f} vs {one.rate:,.0f} events/s, "
             f"{two.cpu_us:.0f} vs {one.cpu_us:.0f} us CPU/event ({len(mix.records):,} events, produced "
             f"once all were ready); the machine has {os.cpu_count()} cores, shared with the broker and "
             "the producer",

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from bench import summary
 from bench.mix import Mix, build_mix
-from bench.pipeline import MIX_EVENTS, MIX_TRACES
+from bench.pipeline import MIX_EVENTS, MIX_TRACES, spread
 from streams import metrics
 from streams.cli import tune_gc
 from streams.config import Settings, load_settings, scoring_configs
@@ -146,10 +146,6 @@ def _write(
             state.table[key] = state.encode(key, write.value)  # type: ignore[index]
 
 
-def _spread(samples: list[float]) -> str:
-    return f"{statistics.median(samples):.1f} [{min(samples):.1f}-{max(samples):.1f}]"
-
-
 def main() -> None:
     settings = load_settings()
     tune_gc(settings.gc_gen0_threshold)  # as the worker does at start
@@ -182,7 +178,7 @@ def main() -> None:
 
     def row(name: str, samples: list[float]) -> None:
         middle = statistics.median(samples)
-        table.add_row(name, f"{middle:.1f} [{min(samples):.1f}-{max(samples):.1f}]", f"{middle / base:.1f}x")
+        table.add_row(name, spread(samples, ".1f"), f"{middle / base:.1f}x")
 
     row("baseline: decode and validate the input", baseline)
     for stage in STAGES:
@@ -194,13 +190,13 @@ def main() -> None:
             f"stages without Kafka: {stage}",
             middle / base,
             f"decoding the input ({base:.1f} us)",
-            f"{_spread(per_stage[stage])} us CPU per input event",
+            f"{spread(per_stage[stage], '.1f')} us CPU per input event",
         )
     summary.add(
         "stages without Kafka: all four, state encoding included",
         statistics.median(totals) / base,
         f"decoding the input ({base:.1f} us)",
-        f"{_spread(totals)} us CPU per input event ({events:,} mix events in batches of {BATCH})",
+        f"{spread(totals, '.1f')} us CPU per input event ({events:,} mix events in batches of {BATCH})",
     )
     Console().print(table)
 
