@@ -112,6 +112,29 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             lambda: group_view(d, "agent_type=planner&kind=response&target_precision=0.8", 2 * N),
             "the agent type group",
         )
+        # The filters: model= and agent_type= together select the groups of either; kind= narrows.
+        status, body = view(d, "/calibration/cal?model=calibrated&agent_type=planner&kind=response")
+        assert status == 200
+        assert [(g["dimension"], g["value"], g["kind"]) for g in body["groups"]] == [
+            ("agent_type", "planner", "response"),
+            ("model", "calibrated", "response"),
+        ]
+        status, body = view(d, "/calibration/cal?model=calibrated")
+        assert status == 200 and {g["kind"] for g in body["groups"]} == {"response", "composite"}
+        # Bad queries get a clear 400; a tenant or filter with no data a 404.
+        assert view(d, "/calibration/cal?target_precision=high") == (
+            400,
+            {"error": "target_precision must be a number"},
+        )
+        for bad in ("0", "-0.5", "1.01", "nan"):
+            assert view(d, f"/calibration/cal?target_precision={bad}") == (
+                400,
+                {"error": "target_precision must be in (0, 1]"},
+            ), bad
+        nothing = (404, {"error": "no calibration data for this tenant and filter"})
+        assert view(d, "/calibration/cal?model=no-such-model") == nothing
+        assert view(d, "/calibration/cal?model=calibrated&kind=no-such-kind") == nothing
+        assert view(d, "/calibration/no-such-tenant") == nothing
 
         # Exactly what the pairs give, and near the closed form (tolerances: about 4 standard errors).
         for body, model in ((calibrated, "calibrated"), (overconfident, "overconfident")):

@@ -10,6 +10,7 @@ import pytest
 from streams.harness import RunningBroker
 from tests.integration.fixtures import STRONG_COMPOSITE as STRONG
 from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy
+from tests.integration.workload import scrape
 
 # Distinctive values: if any of these digits show up in an output, a header or a log line, logprobs leaked.
 LEAK_A = -0.0123456789
@@ -140,8 +141,12 @@ def test_reject_mode_returns_error_object(kafka: RunningBroker) -> None:
         scored = count_of("RESPONSE_SCORED", 1, d.settings.scored_topic, {event["event_id"]})
         copied = count_of("RESPONSE_SCORED", 1, d.settings.flagged_topic, {event["event_id"]})
         records = d.collect(lambda rs: scored(rs) and copied(rs))
+        metrics = scrape(d.web_ports[0])
     finally:
         d.stop()
+    labels = {"tenant": event["tenant_id"], "model": "gpt-4o", "endpoint": "/v1/chat"}
+    assert metrics.value("llm_confidence_rejected_total", **labels) == 1
+    assert metrics.value("llm_confidence_histogram_count", **labels) == 1
     out = next(o for o in d.outputs(records) if o["source_event_id"] == event["event_id"])
     assert out["action"] == "reject"
     assert out["response"] is None
@@ -150,6 +155,9 @@ def test_reject_mode_returns_error_object(kafka: RunningBroker) -> None:
         "message": "Response rejected due to low confidence.",
         "details": {"confidence": 0.135, "min_acceptance": 0.5},
     }
-    assert out["flags"] == [] or "LOW_CONFIDENCE" not in out["flags"]
+    # "Done." from a planner with no other factors is also blocked by the composite (0.5 < 0.75): the
+    # reject wins over the block's "I don't know" text, and the block still shows in the flags.
+    assert out["composite"]["should_block"] is True
+    assert out["flags"] == ["COMPOSITE_BLOCKED"]
     flagged_ids = {o["source_event_id"] for o in d.outputs(records, d.settings.flagged_topic)}
     assert event["event_id"] in flagged_ids

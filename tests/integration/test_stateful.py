@@ -20,8 +20,10 @@ from tests.integration.fixtures import (
     count_of,
     deploy,
     http_get,
+    poll,
     settled,
 )
+from tests.integration.workload import Scrape, scrape, wait_for_metrics
 
 
 @pytest.fixture(scope="module")
@@ -298,28 +300,47 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
 
 
 def test_metrics_and_health(deployment: Deployment) -> None:
+    """Each family counts this traffic exactly: a fresh tenant, and deltas for the worker-wide series."""
+    port = deployment.web_ports[0]
+    before = wait_for_metrics(port)  # the worker may still be starting when this test runs first
     f = EventFactory(tenant="metrics-tenant")
-    events = [f.response("m-1", token_logprobs=[-0.1]), f.response("m-1", role="synthesis", response="x")]
+    events = [
+        f.response("m-1", token_logprobs=[-0.1]),  # exp(-0.1) -> 0.905: allow
+        f.response("m-1", token_logprobs=[-3.0]),  # exp(-3) -> 0.05: flag (CONFIDENCE_ON_LOW's default)
+        f.response("m-1", role="synthesis", response="x"),  # no logprobs: missing
+    ]
     deployment.produce(events)
     ids = {e["event_id"] for e in events}
-    deployment.collect(count_of("RESPONSE_SCORED", 2, deployment.settings.scored_topic, ids))
+    deployment.collect(count_of("RESPONSE_SCORED", 3, deployment.settings.scored_topic, ids))
     deployment.collect(count_of("SYNTHESIS_SCORED", 1, deployment.settings.scored_topic, ids))
     status, body = _get(deployment, "/healthz")
     assert status == 200 and body["status"] == "ok"
-    status, text = _get(deployment, "/metrics")
-    assert status == 200
-    for name in (
-        "llm_confidence_histogram_bucket",
-        "llm_confidence_missing_total",
-        "llm_confidence_average",
-        "llm_confidence_rejected",
-        "confidence_events_processed_total",
-        "confidence_processing_latency_seconds_bucket",
-        "rlm_synthesis_confidence",
-    ):
-        assert name in text, name
-    assert 'confidence_events_processed_total{event_type="LLM_RESPONSE"}' in text
-    assert (
-        'llm_confidence_histogram_count{endpoint="/v1/chat",model="gpt-4o",tenant="metrics-tenant"} 1.0'
-        in text
-    )
+
+    def delta(after: Scrape, name: str, **labels: str) -> float:
+        return (after.value(name, **labels) or 0.0) - (before.value(name, **labels) or 0.0)
+
+    def counted(after: Scrape) -> dict[str, float]:
+        return {
+            "processed": delta(after, "confidence_events_processed_total", event_type="LLM_RESPONSE"),
+            "emitted": delta(after, "confidence_outputs_emitted_total", event_type="RESPONSE_SCORED"),
+            # observed when the output's send is acknowledged, which may follow our read of it
+            "latency": delta(
+                after, "confidence_processing_latency_seconds_count", event_type="RESPONSE_SCORED"
+            ),
+            "synthesis latency": delta(
+                after, "confidence_processing_latency_seconds_count", event_type="SYNTHESIS_SCORED"
+            ),
+            "synthesis": delta(after, "rlm_synthesis_confidence_count"),
+        }
+
+    expected = {"processed": 3, "emitted": 3, "latency": 3, "synthesis latency": 1, "synthesis": 1}
+    after = poll(lambda: scrape(port), lambda s: counted(s) == expected)
+    assert counted(after) == expected
+    labels = {"tenant": "metrics-tenant", "model": "gpt-4o", "endpoint": "/v1/chat"}
+    assert after.value("llm_confidence_histogram_count", **labels) == 2
+    assert after.value("llm_confidence_histogram_sum", **labels) == pytest.approx(0.905 + 0.05)
+    assert after.value("llm_confidence_histogram_bucket", le="0.1", **labels) == 1
+    assert after.value("llm_confidence_missing_total", **labels) == 1
+    assert after.value("llm_confidence_rejected_total", **labels) is None  # flagged, not rejected
+    # EWMA, alpha 0.05, seeded by the first value: 0.905 - 0.05 x 0.855
+    assert after.value("llm_confidence_average", **labels) == pytest.approx(0.86225)

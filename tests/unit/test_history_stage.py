@@ -30,6 +30,7 @@ from streams.state import AgentHistory, HistoryEntry, HistoryHour, TraceState, e
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
+EXAMPLE_TEXT = "The answer is definitely config/retry.yaml, verified in the code."
 
 
 class Tables:
@@ -82,7 +83,7 @@ class Responses:
             "timestamp": when.isoformat(),
             "retrieval": retrieval,
             "code_validation": checks,
-            "response": "The answer is definitely config/retry.yaml, verified in the code.",
+            "response": EXAMPLE_TEXT,
             "agent_name": agent_name,
             **fields,
         }
@@ -429,3 +430,34 @@ def test_agents_on_a_partition_this_worker_lost_leave_the_success_rate() -> None
     assert {name for name in names if _success_rate(responses, name) is not None} == {
         name for name in names if where[name] in kept
     }
+
+
+@pytest.mark.parametrize(
+    ("logprob", "good", "action", "text", "flags"),
+    [
+        (-0.05, True, "allow", "given", []),
+        (-0.05, False, "allow", composite.I_DONT_KNOW_ANSWER, ["COMPOSITE_BLOCKED"]),
+        (-2.0, True, "reject", None, []),
+        # Reject wins over the block (DESIGN 4b): no text at all, not "I don't know"; the block is flagged.
+        (-2.0, False, "reject", None, ["COMPOSITE_BLOCKED"]),
+    ],
+)
+def test_reject_and_composite_block_each_and_together(
+    logprob: float, good: bool, action: str, text: str | None, flags: list[str]
+) -> None:
+    responses = Responses(
+        load_settings(confidence_on_low="reject", confidence_min_acceptance=0.5), random.Random(1)
+    )
+    scored = responses.score("e-1", T0, good=good, token_logprobs=[logprob])
+    assert scored["action"] == action
+    assert scored["response"] == (EXAMPLE_TEXT if text == "given" else text)
+    assert scored["flags"] == flags
+    assert scored["composite"]["should_block"] is (not good)  # type: ignore[index]
+    assert (scored["error"] is None) is (action == "allow")
+    labels = {"tenant": EXAMPLE["tenant_id"], "model": EXAMPLE["model"], "endpoint": EXAMPLE["endpoint"]}
+    rejected = responses.registry.get_sample_value("llm_confidence_rejected_total", labels)
+    assert rejected == (1.0 if action == "reject" else None)
+    blocked = responses.registry.get_sample_value(
+        "confidence_composite_blocked_total", {"agent_type": EXAMPLE["agent_type"]}
+    )
+    assert blocked == (None if good else 1.0)
