@@ -134,6 +134,21 @@ def test_pair_contradicting_each_other_counts_once_at_the_stronger_strength() ->
     assert {s.claim_id: bounds(s) for s in scores} == {"a": CONTRADICTED, "b": CONTRADICTED}
 
 
+def test_one_peer_declaring_several_contradictions_counts_once_at_the_strongest() -> None:
+    g = Graph()
+    g.arrive(define("a"))
+    scores = g.arrive(define("b", ("contradicts", "a", 0.2), ("contradicts", "a", 0.5)), minutes=1)
+    assert {s.claim_id: bounds(s) for s in scores} == {"a": CONTRADICTED, "b": CONTRADICTED}
+
+
+def test_one_peer_declaring_several_supports_counts_each() -> None:
+    g = Graph()
+    g.arrive(define("t"))
+    scores = g.arrive(define("s", ("supports", "t", 0.5), ("supports", "t", 0.5)), minutes=1)
+    # Each edge adds 0.8 x 0.5 x 0.1 to the boost: 1.08 for two (one edge gives SUPPORTED's 1.04).
+    assert {s.claim_id: bounds(s) for s in scores} == {"s": ALONE, "t": (0.533333333, round(0.8 * 1.08, 9))}
+
+
 def test_replacement_dropping_a_contradiction_re_scores_and_restores_the_old_target() -> None:
     g = Graph()
     g.arrive(define("a"))

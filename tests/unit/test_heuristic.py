@@ -55,6 +55,26 @@ def test_structure(text: str, score: float) -> None:
     assert component.score == pytest.approx(score) and component.weight == 0.15
 
 
+@pytest.mark.parametrize(
+    ("length", "score"),
+    [
+        (0, 0.3),
+        (100, 0.65),
+        (200, 1.0),  # the linear rise ends here, inclusive
+        (201, 1.0),
+        (4000, 1.0),  # the flat part ends here, inclusive
+        (4001, 0.8),
+    ],
+)
+def test_length_boundaries(length: int, score: float) -> None:
+    component = _component("a" * length, "length")
+    assert component.score == pytest.approx(score) and component.weight == 0.15
+
+
+def test_length_counts_code_points_not_bytes() -> None:
+    assert _component("é" * 4000, "length").score == 1.0  # 8,000 bytes of UTF-8
+
+
 def test_score_is_weighted_mean_of_components() -> None:
     result = score_heuristic("## Plan\n- definitely do it")
     assert result.score == pytest.approx(weighted(result.components))
