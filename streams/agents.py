@@ -50,12 +50,26 @@ def attach_agents(svc: Service) -> ClaimFacts:
     neighbour facts cache, which the claim view reads too (same event loop, nothing awaited inside)."""
     app, settings = svc.app, svc.settings
     calibration = svc.calibration_stage
-    traces = DecodedStates(svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after)
+    m = svc.metrics
+
+    def undecodable(table: str) -> None:
+        m.child(m.state_undecodable, table).inc()
+
+    traces = DecodedStates(
+        svc.traces, TraceState, sweep_after=svc.trace_stage.sweep_after, on_undecodable=undecodable
+    )
     histories: dict[str, DecodedStates[Any]] = {
-        "summary": DecodedStates(svc.agents_history, AgentHistory, sweep_after=svc.agent_stage.sweep_after),
+        "summary": DecodedStates(
+            svc.agents_history,
+            AgentHistory,
+            sweep_after=svc.agent_stage.sweep_after,
+            on_undecodable=undecodable,
+        ),
         "hours": DecodedStates(svc.agent_history_hours, HistoryHour, encoder=encode_history_hour),
     }
-    claims = DecodedStates(svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after)
+    claims = DecodedStates(
+        svc.claims, ClaimNode, sweep_after=svc.claim_stage.sweep_after, on_undecodable=undecodable
+    )
     claim_facts = ClaimFacts(claims, svc.configs.claims)
     calibration_states: dict[Table, DecodedStates[Any]] = {
         # A score is read again only when its outcome arrives: caching its model would only hold memory.
@@ -64,9 +78,13 @@ def attach_agents(svc: Service) -> ClaimFacts:
             SubjectEntry,
             max_entries=64,
             sweep_after=calibration.subject_sweep_after,
+            on_undecodable=undecodable,
         ),
         "groups": DecodedStates(
-            svc.calibration_groups, GroupCalibration, sweep_after=calibration.group_sweep_after
+            svc.calibration_groups,
+            GroupCalibration,
+            sweep_after=calibration.group_sweep_after,
+            on_undecodable=undecodable,
         ),
         "hours": DecodedStates(svc.calibration_hours, HourBucket),
     }
@@ -182,7 +200,6 @@ def attach_agents(svc: Service) -> ClaimFacts:
             claim_facts.forget(key)
         expired_agents = _sweep_histories(svc, histories, recovery)
         unmatched = _sweep_calibration(svc, calibration_states, recovery)
-        m = svc.metrics
         m.child(m.batch_seconds, "sweep", "process").observe(time.perf_counter() - started)
         for label, table in (
             ("traces", svc.traces),

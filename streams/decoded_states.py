@@ -4,20 +4,28 @@ with the expiry sweep's index of when each key is due, and claim nodes' neighbou
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from streams.app import SourcePartitionedTable
 from streams.scoring.claim_graph import ClaimNode, NeighbourFacts, neighbour_facts
 from streams.scoring.claims import ClaimsConfig
 
-__all__ = ["ClaimFacts", "DecodedStates", "SweepAfter"]
+__all__ = ["ClaimFacts", "DecodedStates", "SweepAfter", "UndecodableState"]
+
+log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class UndecodableState(ValueError):
+    """A stored value that does not validate as its table's model (written by another version of
+    this code, or by something other than a worker). Its text names the table, never the value."""
 
 
 SweepAfter = Callable[[bytes, M], tuple[int, datetime] | None]
@@ -50,8 +58,11 @@ class DecodedStates(Generic[M]):
         max_entries: int = 1024,
         sweep_after: SweepAfter[M] | None = None,
         encoder: Callable[[M], bytes] | None = None,
+        on_undecodable: Callable[[str], None] | None = None,
     ) -> None:
         self.table = table
+        self.name = str(getattr(table, "name", model.__name__))
+        self.on_undecodable = on_undecodable  # called with the table's name when the sweep skips a value
         self.model = model
         self.encoder = encoder or _encode_json
         self.max_entries = max_entries
@@ -146,7 +157,7 @@ class DecodedStates(Generic[M]):
                     self.forget(key)
                 elif raw is not known[0]:  # not written through encode: index what is there now
                     del self._due[key]  # its heap entry is gone: push the new moment even if equal
-                    self._note_due(key, raw, self._model(key, raw))
+                    self._index(key, raw)
                     seen.discard(key)  # and if that moment passed too, pop it in this sweep
                 else:
                     due.append((key, self._model(key, raw)))
@@ -160,16 +171,38 @@ class DecodedStates(Generic[M]):
         for key, raw in list(self.table.items()):
             known = self._due.get(key)
             if known is None or known[0] is not raw:
-                self._note_due(key, raw, self._model(key, raw))
+                self._index(key, raw)
         if len(self._due) > len(self.table):
             self._due = {key: value for key, value in self._due.items() if key in self.table}
         self._scan_needed = False
+
+    def _index(self, key: bytes, raw: bytes) -> None:
+        """Index a value that entered the table without `encode`. One that does not validate is left
+        where it is and never due until rewritten: the sweep skips it (logged, counted) instead of
+        raising at every tick, which would crash the worker after each restart and restore."""
+        try:
+            value = self._model(key, raw)
+        except UndecodableState as exc:
+            log.error("the sweep skips key %r, whose value it cannot read: %s", key, exc)
+            self._due[key] = (raw, None)
+            if self.on_undecodable is not None:
+                self.on_undecodable(self.name)
+            return
+        self._note_due(key, raw, value)
 
     def _model(self, key: bytes, raw: bytes) -> M:
         hit = self._decoded.get(key)
         if hit is not None and hit[0] is raw:
             return hit[1]
-        value = self.model.model_validate_json(raw)
+        try:
+            value = self.model.model_validate_json(raw)
+        except ValidationError as exc:
+            # An input that needs this state is dead-lettered with this class name (stage's guard).
+            errors = exc.error_count()
+            raise UndecodableState(
+                f"a stored value of table {self.name} is not a valid {self.model.__name__} "
+                f"({errors} validation error{'s' * (errors != 1)}, the first at {_location(exc)})"
+            ) from None
         self._remember(key, raw, value)
         return value
 
@@ -199,6 +232,12 @@ class DecodedStates(Generic[M]):
         for heap in self._moments.values():
             heapq.heapify(heap)
         self._indexed = sum(len(heap) for heap in self._moments.values())
+
+
+def _location(exc: ValidationError) -> str:
+    """Where the first error is ("." joined path), without the offending input value."""
+    first = exc.errors(include_input=False, include_url=False)[0]
+    return ".".join(str(part) for part in first["loc"]) or "the top level"
 
 
 class ClaimFacts:

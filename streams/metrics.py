@@ -79,6 +79,7 @@ class Metrics(NamedTuple):
     agent_success_rate: Gauge
     processing_latency: Histogram
     table_keys: Gauge
+    state_undecodable: Counter
     calibration_ece: Gauge
     calibration_brier: Gauge
     outcomes: Counter
@@ -192,6 +193,12 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         table_keys=Gauge(
             "confidence_table_keys",
             "Keys held in each state table on this worker, as of the last expiry sweep",
+            ("table",),
+            registry=registry,
+        ),
+        state_undecodable=Counter(
+            "confidence_state_undecodable",
+            "Stored table values the expiry sweep could not decode (left in place and skipped)",
             ("table",),
             registry=registry,
         ),

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
+import orjson
+
 from streams.harness import RunningBroker
+from streams.kafka_io import produce
 from streams.stages.common import key_partition
-from tests.integration.fixtures import EventFactory, count_of, deploy, http_get, poll
+from streams.state import table_key
+from tests.integration.fixtures import EventFactory, count_of, deploy, health, http_get, poll
+from tests.integration.workload import scrape
 
 
 def _status(port: int, path: str) -> int:
@@ -180,6 +186,48 @@ def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
         for event in later:
             path = f"/traces/ttl-takeover/{event['trace_id']}"
             _wait_for_status(port, path, 200, f"{path} never stored")
+    finally:
+        d.stop()
+
+
+def test_a_stored_value_the_worker_cannot_read_is_skipped_not_fatal(kafka: RunningBroker) -> None:
+    """A changelog value this version cannot decode (another version's, or another writer's) made every
+    expiry sweep raise: the worker crashed after each restart, on restoring it. Now the sweep skips it
+    (logged, counted) and goes on expiring the rest; only an input that needs it is dead-lettered."""
+    d = deploy(
+        kafka, partitions=1, TRACE_TTL_HOURS="1", SWEEP_INTERVAL_SECONDS="0.5", EXPIRY_SOURCE_IDLE_SECONDS="2"
+    )
+    first = d.start_worker()
+    f = EventFactory(tenant="ttl-corrupt")
+    try:
+        old = f.tool("t-old", "find", "x", minutes=0)
+        d.produce([old])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {old["event_id"]}))
+        assert first.stop() == 0
+        changelog = f"{d.settings.app_id}-traces-changelog"
+        corrupt = [(table_key("ttl-corrupt", "t-bad"), b'{"trace": "from somewhere else"}')]
+        asyncio.run(produce(kafka.bootstrap_servers, changelog, corrupt))
+        d.close_changelog_gaps()
+        second = d.start_worker()  # restores t-old and the value it cannot read
+        port = d.web_ports[-1]
+        _wait_for_status(port, "/traces/ttl-corrupt/t-old", 200, "t-old was never restored")
+        # Two hours later in event time: the sweep must get past t-bad to expire t-old.
+        later = f.tool("t-new", "read", "x.py", minutes=120)
+        d.produce([later])
+        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {later["event_id"]}))
+        _wait_for_status(port, "/traces/ttl-corrupt/t-old", 404, "the sweep never expired t-old")
+        assert second.alive() and health(port, "/healthz")[0] == 200
+        assert scrape(port).value("confidence_state_undecodable_total", table="traces") == 1
+        assert "the sweep skips key" in d.log_text()
+        # An input for t-bad needs the value: dead-lettered, saying why; the next input is scored.
+        needs_it, after = f.tool("t-bad", "find", "y", minutes=121), f.tool("t-new", "grep", "y", minutes=122)
+        d.produce([needs_it, after])
+        records = d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {after["event_id"]}))
+        (letter,) = [r for r in records if r.topic == d.settings.dlq_topic]
+        headers = dict(letter.headers)
+        assert headers["__connect.errors.exception.class.name"] == b"UndecodableState"
+        assert orjson.loads(letter.value)["event_id"] == needs_it["event_id"]
+        assert second.alive()
     finally:
         d.stop()
 

@@ -7,13 +7,14 @@ deletions, restores and advancing clocks.
 from __future__ import annotations
 
 import random
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from streams.decoded_states import DecodedStates
+from streams.decoded_states import DecodedStates, UndecodableState
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -173,3 +174,33 @@ def test_a_value_changed_outside_encode_onto_a_new_partition_is_indexed_during_t
     table[b"k"] = PartitionedValue(partition=7, last=T0).model_dump_json().encode()
     states.due(lambda p, m: True)  # re-indexed on partition 7 (a heap this sweep does not visit)
     assert [key for key, _ in states.due(lambda p, m: True)] == [b"k"]  # due on its new partition
+
+
+def test_a_restored_value_that_does_not_validate_is_skipped_not_raised() -> None:
+    """A changelog value another version (or another writer) left made every sweep raise, and the
+    worker crashed after each restart: now the sweep skips it (reported), and only an input that
+    needs it fails, with a class name that says why (dead-lettered by the stage's guard)."""
+    table: dict[bytes, bytes] = {}
+    skipped: list[str] = []
+    states = DecodedStates(table, Value, sweep_after=_sweep_after, on_undecodable=skipped.append)  # type: ignore[arg-type]
+    table[b"0-good"] = Value(last=T0).model_dump_json().encode()
+    table[b"0-bad"] = b'{"last": "not a time"}'
+    states.restored()
+    late = _passed_at({0: T0 + timedelta(hours=2)})
+    assert [key for key, _ in states.due(late)] == [b"0-good"]
+    assert skipped == ["Value"]  # the table's name (a dict has none: the model's)
+    assert [key for key, _ in states.due(late)] == [b"0-good"]  # reported once, not at every sweep
+    assert skipped == ["Value"]
+    with pytest.raises(
+        UndecodableState, match=re.escape("not a valid Value (1 validation error, the first at last)")
+    ) as raised:
+        states.load(b"0-bad")
+    assert "not a time" not in str(raised.value)  # names where, never the stored value
+
+    # A key indexed from a good value whose bytes are then replaced by bad ones (a later restore).
+    table[b"0-good"] = b"[]"
+    assert states.due(late) == []
+    assert skipped == ["Value", "Value"]
+    # Rewritten through the worker's own code, a skipped key is indexed and swept again.
+    table[b"0-bad"] = states.encode(b"0-bad", Value(last=T0))
+    assert [key for key, _ in states.due(late)] == [b"0-bad"]
