@@ -306,4 +306,5 @@ def _sweep_calibration(svc: Service, states: dict[Table, DecodedStates[Any]], re
             svc.calibration_groups.set_from(key, None, partition)
             states["groups"].forget(key)
             stage.forget_group(group)
+    stage.forget_groups_outside(active_partitions(recovery, svc.calibration_groups))
     return unmatched

@@ -184,6 +184,9 @@ class CalibrationStage:
             timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
         )
         self.window = timedelta(hours=settings.calibration_window_hours)
+        # (tenant, dimension, value, kind) of every group whose gauges this process set, until it
+        # expires or its tenant's partition moves away (`forget_groups_outside`).
+        self._exported: set[tuple[str, str, str, str]] = set()
 
     def process(
         self, records: list[InputRecord], load: Callable[[Table, bytes], BaseModel | None]
@@ -347,6 +350,7 @@ class CalibrationStage:
         def publish() -> None:  # with the batch, unless this message is dead-lettered
             ece_gauge.set(ece)
             brier_gauge.set(brier)
+            self._exported.add((group.tenant_id, group.dimension, group.value, group.kind))
 
         out.meter(publish)
         settings = self.settings
@@ -429,12 +433,22 @@ class CalibrationStage:
 
     def forget_group(self, group: GroupCalibration) -> None:
         """An expired group's ECE and Brier series stop being exported (they kept their last value)."""
+        self._forget_series(group.tenant_id, group.dimension, group.value, group.kind)
+
+    def forget_groups_outside(self, partitions: set[int]) -> None:
+        """Forget the series of groups whose tenant's partition this worker no longer owns: the new
+        owner exports them, and a stale copy here would stay on every dashboard beside its own."""
+        n = self.settings.topic_partitions
+        for series in [s for s in self._exported if tenant_partition(s[0], n) not in partitions]:
+            self._forget_series(*series)
+
+    def _forget_series(self, tenant: str, dimension: str, value: str, kind: str) -> None:
+        self._exported.discard((tenant, dimension, value, kind))
         m = self.metrics
-        if not (m.labels.has("tenant", group.tenant_id) and m.labels.has(group.dimension, group.value)):
+        if not (m.labels.has("tenant", tenant) and m.labels.has(dimension, value)):
             return  # an `other` series: groups still live share it
-        labels = (group.tenant_id, group.dimension, group.value, group.kind)
-        m.child.remove(m.calibration_ece, *labels)
-        m.child.remove(m.calibration_brier, *labels)
+        m.child.remove(m.calibration_ece, tenant, dimension, value, kind)
+        m.child.remove(m.calibration_brier, tenant, dimension, value, kind)
 
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
         """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""

@@ -210,3 +210,29 @@ def test_a_subject_keeps_the_score_that_arrived_last_even_with_an_older_event_ti
     entry = worker.tables[subject_key(TENANT, "response", "r1")]
     assert isinstance(entry, SubjectEntry) and entry.subject is not None
     assert entry.subject.scores == {"response": 0.77}
+
+
+def test_a_group_whose_tenant_moved_to_another_worker_leaves_the_gauges() -> None:
+    """After a rebalance the tenant's new owner exports its groups' ECE and Brier; the old owner's
+    series stayed, frozen at their last value, beside the new ones on every dashboard."""
+    worker = _Worker(topic_partitions=4)
+    worker.feed(_score("r1", 0), _outcome("o1", "r1", 1))
+    here = tenant_partition(TENANT, 4)
+
+    def exported() -> set[tuple[str, str]]:
+        return {
+            (sample.labels["dimension"], sample.name)
+            for family in worker.registry.collect()
+            if family.name in ("confidence_calibration_ece", "confidence_calibration_brier")
+            for sample in family.samples
+            if sample.labels["tenant"] == TENANT
+        }
+
+    both = {"confidence_calibration_ece", "confidence_calibration_brier"}
+    assert exported() == {(dimension, name) for dimension in ("model", "agent_type") for name in both}
+    worker.stage.forget_groups_outside({here})  # still owned here: kept
+    assert len(exported()) == 4
+    worker.stage.forget_groups_outside({p for p in range(4) if p != here})
+    assert exported() == set()
+    worker.feed(_score("r2", 2), _outcome("o2", "r2", 3))  # owned here again: exported again
+    assert len(exported()) == 4
