@@ -160,7 +160,11 @@ class DecodedStates(Generic[M]):
                     self._index(key, raw)
                     seen.discard(key)  # and if that moment passed too, pop it in this sweep
                 else:
-                    due.append((key, self._model(key, raw)))
+                    try:
+                        due.append((key, self._model(key, raw)))
+                    except UndecodableState as exc:  # written here, yet no longer valid: never raise
+                        self._skip(key, raw, exc)
+                        continue
                     returned.append((moment, key))
             for entry in returned:
                 heapq.heappush(heap, entry)
@@ -177,18 +181,26 @@ class DecodedStates(Generic[M]):
         self._scan_needed = False
 
     def _index(self, key: bytes, raw: bytes) -> None:
-        """Index a value that entered the table without `encode`. One that does not validate is left
-        where it is and never due until rewritten: the sweep skips it (logged, counted) instead of
-        raising at every tick, which would crash the worker after each restart and restore."""
+        """Index a value that entered the table without `encode`. One the sweep cannot read (it does
+        not validate, or its key or times do not compute a sweep moment) is skipped instead of raising
+        at every tick, which would crash the worker after each restart and restore."""
+        assert self.sweep_after is not None, "the sweep index needs sweep_after"
         try:
             value = self._model(key, raw)
-        except UndecodableState as exc:
-            log.error("the sweep skips key %r, whose value it cannot read: %s", key, exc)
-            self._due[key] = (raw, None)
-            if self.on_undecodable is not None:
-                self.on_undecodable(self.name)
+            where = self.sweep_after(key, value)
+            if where is not None and where[1].tzinfo is None:  # would raise in the heap and the clock
+                raise TypeError("a sweep moment without a time zone")
+        except _UNREADABLE as exc:
+            self._skip(key, raw, exc)
             return
-        self._note_due(key, raw, value)
+        self._note_moment(key, raw, where)
+
+    def _skip(self, key: bytes, raw: bytes, exc: Exception) -> None:
+        """Leave the value where it is, out of the sweep until rewritten; log and count it."""
+        log.error("the sweep skips key %r of table %s: %s: %s", key, self.name, type(exc).__name__, exc)
+        self._due[key] = (raw, None)
+        if self.on_undecodable is not None:
+            self.on_undecodable(self.name)
 
     def _model(self, key: bytes, raw: bytes) -> M:
         hit = self._decoded.get(key)
@@ -214,7 +226,9 @@ class DecodedStates(Generic[M]):
 
     def _note_due(self, key: bytes, raw: bytes, value: M) -> None:
         assert self.sweep_after is not None, "the sweep index needs sweep_after"
-        where = self.sweep_after(key, value)
+        self._note_moment(key, raw, self.sweep_after(key, value))
+
+    def _note_moment(self, key: bytes, raw: bytes, where: tuple[int, datetime] | None) -> None:
         previous = self._due.get(key)
         self._due[key] = (raw, where)
         if where is None or (previous is not None and previous[1] == where):
@@ -232,6 +246,11 @@ class DecodedStates(Generic[M]):
         for heap in self._moments.values():
             heapq.heapify(heap)
         self._indexed = sum(len(heap) for heap in self._moments.values())
+
+
+# What a value written by something other than this code can raise while the sweep indexes it: it does
+# not validate (UndecodableState), its key is not JSON, or its times overflow or are naive.
+_UNREADABLE = (ValueError, TypeError, OverflowError, LookupError)
 
 
 def _location(exc: ValidationError) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BeforeValidator
+from pydantic import AwareDatetime, BeforeValidator
 
 
 def standard_zone(value: object) -> object:
@@ -28,4 +28,5 @@ def standard_zone(value: object) -> object:
 
 
 # A date-time field of internal state and messages (written by this service, read back many times).
-StdDatetime = Annotated[datetime, BeforeValidator(standard_zone)]
+# Aware only: a naive value (from another writer) would raise on its first comparison, in the sweep.
+StdDatetime = Annotated[AwareDatetime, BeforeValidator(standard_zone)]

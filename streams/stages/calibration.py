@@ -10,6 +10,7 @@ hourly buckets of fine bins (`streams.scoring.calibration`) over a sliding windo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -184,9 +185,11 @@ class CalibrationStage:
             timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
         )
         self.window = timedelta(hours=settings.calibration_window_hours)
-        # (tenant, dimension, value, kind) of every group whose gauges this process set, until it
-        # expires or its tenant's partition moves away (`forget_groups_outside`).
-        self._exported: set[tuple[str, str, str, str]] = set()
+        # Every group whose gauges this process set, (tenant, dimension, value, kind), with its series'
+        # labels, until it expires or its tenant's partition moves away (`forget_groups_outside`); and
+        # how many of them each series has (groups whose labels were capped share an `other` series).
+        self._exported: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}
+        self._series_users: Counter[tuple[str, str, str, str]] = Counter()
 
     def process(
         self, records: list[InputRecord], load: Callable[[Table, bytes], BaseModel | None]
@@ -350,7 +353,10 @@ class CalibrationStage:
         def publish() -> None:  # with the batch, unless this message is dead-lettered
             ece_gauge.set(ece)
             brier_gauge.set(brier)
-            self._exported.add((group.tenant_id, group.dimension, group.value, group.kind))
+            identity = (group.tenant_id, group.dimension, group.value, group.kind)
+            if identity not in self._exported:
+                self._exported[identity] = labels
+                self._series_users[labels] += 1
 
         out.meter(publish)
         settings = self.settings
@@ -443,12 +449,17 @@ class CalibrationStage:
             self._forget_series(*series)
 
     def _forget_series(self, tenant: str, dimension: str, value: str, kind: str) -> None:
-        self._exported.discard((tenant, dimension, value, kind))
+        """The group no longer counts here; its series leaves with the last group using it."""
+        labels = self._exported.pop((tenant, dimension, value, kind), None)
+        if labels is None:  # never set by this process (restored and not matched since)
+            return
+        self._series_users[labels] -= 1
+        if self._series_users[labels]:
+            return  # an `other` series that groups still counted here share
+        del self._series_users[labels]
         m = self.metrics
-        if not (m.labels.has("tenant", tenant) and m.labels.has(dimension, value)):
-            return  # an `other` series: groups still live share it
-        m.child.remove(m.calibration_ece, tenant, dimension, value, kind)
-        m.child.remove(m.calibration_brier, tenant, dimension, value, kind)
+        m.child.remove(m.calibration_ece, *labels)
+        m.child.remove(m.calibration_brier, *labels)
 
     def group_expired(self, key: bytes, group: GroupCalibration) -> bool:
         """A group whose newest outcome left the window: every bucket is out of it (delete them all)."""

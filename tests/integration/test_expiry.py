@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 
 from streams.harness import RunningBroker
-from streams.kafka_io import produce
+from streams.kafka_io import Consumed, produce
 from streams.stages.common import key_partition
 from streams.state import table_key
 from tests.integration.fixtures import EventFactory, count_of, deploy, health, http_get, poll
@@ -222,8 +222,13 @@ def test_a_stored_value_the_worker_cannot_read_is_skipped_not_fatal(kafka: Runni
         # An input for t-bad needs the value: dead-lettered, saying why; the next input is scored.
         needs_it, after = f.tool("t-bad", "find", "y", minutes=121), f.tool("t-new", "grep", "y", minutes=122)
         d.produce([needs_it, after])
-        records = d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {after["event_id"]}))
-        (letter,) = [r for r in records if r.topic == d.settings.dlq_topic]
+        scored = count_of("TRACE_SCORED", 1, d.settings.scored_topic, {after["event_id"]})
+
+        def dead(rs: list[Consumed]) -> list[Consumed]:
+            return [r for r in rs if r.topic == d.settings.dlq_topic]
+
+        records = d.collect(lambda rs: scored(rs) and bool(dead(rs)))
+        (letter,) = dead(records)
         headers = dict(letter.headers)
         assert headers["__connect.errors.exception.class.name"] == b"UndecodableState"
         assert orjson.loads(letter.value)["event_id"] == needs_it["event_id"]

@@ -99,6 +99,5 @@ def test_series_of_partitions_that_moved_away_leave_the_old_owner(kafka: Running
         final = poll(split, disjoint_and_complete, 60)
         assert disjoint_and_complete(final), final
         assert final is not None and not (final[0] & final[1]) and not (final[2] & final[3]), final
-        assert final[0] == kept[0] and final[2] == kept[1]  # the first worker's share did not change
     finally:
         d.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -299,10 +300,38 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
     assert _get(deployment, "/agents/history-tenant/nobody") == (404, {"error": "unknown agent"})
 
 
+# The worker-wide series test_metrics_and_health counts by difference, and what its traffic adds to each.
+_WATCHED: dict[str, tuple[str, dict[str, str], int]] = {
+    "processed": ("confidence_events_processed_total", {"event_type": "LLM_RESPONSE"}, 3),
+    "emitted": ("confidence_outputs_emitted_total", {"event_type": "RESPONSE_SCORED"}, 3),
+    # observed when an output's send is acknowledged, which may follow a reader seeing it
+    "latency": ("confidence_processing_latency_seconds_count", {"event_type": "RESPONSE_SCORED"}, 3),
+    "synthesis latency": (
+        "confidence_processing_latency_seconds_count",
+        {"event_type": "SYNTHESIS_SCORED"},
+        1,
+    ),
+    "synthesis": ("rlm_synthesis_confidence_count", {}, 1),
+}
+
+
+def _watched(s: Scrape) -> dict[str, float]:
+    return {what: s.value(name, **labels) or 0.0 for what, (name, labels, _) in _WATCHED.items()}
+
+
 def test_metrics_and_health(deployment: Deployment) -> None:
     """Each family counts this traffic exactly: a fresh tenant, and deltas for the worker-wide series."""
     port = deployment.web_ports[0]
-    before = wait_for_metrics(port)  # the worker may still be starting when this test runs first
+    wait_for_metrics(port)  # the worker may still be starting when this test runs first
+
+    def two_scrapes() -> tuple[dict[str, float], dict[str, float]]:
+        first = _watched(scrape(port))
+        time.sleep(0.3)
+        return first, _watched(scrape(port))
+
+    # An earlier test's last latency observations follow its outputs' acks: start once they are still.
+    earlier, before = poll(two_scrapes, lambda pair: pair[0] == pair[1])
+    assert earlier == before, "the worker-wide counters never stopped moving"
     f = EventFactory(tenant="metrics-tenant")
     events = [
         f.response("m-1", token_logprobs=[-0.1]),  # exp(-0.1) -> 0.905: allow
@@ -316,24 +345,10 @@ def test_metrics_and_health(deployment: Deployment) -> None:
     status, body = _get(deployment, "/healthz")
     assert status == 200 and body["status"] == "ok"
 
-    def delta(after: Scrape, name: str, **labels: str) -> float:
-        return (after.value(name, **labels) or 0.0) - (before.value(name, **labels) or 0.0)
-
     def counted(after: Scrape) -> dict[str, float]:
-        return {
-            "processed": delta(after, "confidence_events_processed_total", event_type="LLM_RESPONSE"),
-            "emitted": delta(after, "confidence_outputs_emitted_total", event_type="RESPONSE_SCORED"),
-            # observed when the output's send is acknowledged, which may follow our read of it
-            "latency": delta(
-                after, "confidence_processing_latency_seconds_count", event_type="RESPONSE_SCORED"
-            ),
-            "synthesis latency": delta(
-                after, "confidence_processing_latency_seconds_count", event_type="SYNTHESIS_SCORED"
-            ),
-            "synthesis": delta(after, "rlm_synthesis_confidence_count"),
-        }
+        return {what: value - before[what] for what, value in _watched(after).items()}
 
-    expected = {"processed": 3, "emitted": 3, "latency": 3, "synthesis latency": 1, "synthesis": 1}
+    expected = {what: float(added) for what, (_, _, added) in _WATCHED.items()}
     after = poll(lambda: scrape(port), lambda s: counted(s) == expected)
     assert counted(after) == expected
     labels = {"tenant": "metrics-tenant", "model": "gpt-4o", "endpoint": "/v1/chat"}

@@ -47,7 +47,9 @@ class _Worker:
         self.settings = load_settings(**settings)
         self.registry = CollectorRegistry()
         self.stage = CalibrationStage(
-            self.settings, scoring_configs(self.settings), metrics.create(self.registry)
+            self.settings,
+            scoring_configs(self.settings),
+            metrics.create(self.registry, self.settings.metrics_label_cap),
         )
         self.tables: dict[bytes, BaseModel] = {}
         self.offset = 0
@@ -79,14 +81,14 @@ class _Worker:
         return value
 
 
-def _score(subject_id: str, minutes: float, score: float = 0.8) -> CalibrationItem:
+def _score(subject_id: str, minutes: float, score: float = 0.8, model: str = "m") -> CalibrationItem:
     subject = CalibrationSubject(
         subject_type="response",
         subject_id=subject_id,
         event_time=START + timedelta(minutes=minutes),
         scores={"response": score},
         action="allow",
-        model="m",
+        model=model,
         agent_type="a",
     )
     return CalibrationItem(subject=subject, received_at=1.0)
@@ -236,3 +238,22 @@ def test_a_group_whose_tenant_moved_to_another_worker_leaves_the_gauges() -> Non
     assert exported() == set()
     worker.feed(_score("r2", 2), _outcome("o2", "r2", 3))  # owned here again: exported again
     assert len(exported()) == 4
+
+
+def test_an_other_series_leaves_with_the_last_group_sharing_it() -> None:
+    """Groups whose model label was capped share the `other` series: it stayed for good once they went."""
+    worker = _Worker(metrics_label_cap=1)  # model "m" keeps its name; "m2" and "m3" are `other`
+    for n, model in enumerate(("m", "m2", "m3")):
+        worker.feed(_score(f"r{n}", 2 * n, model=model), _outcome(f"o{n}", f"r{n}", 2 * n + 1))
+
+    def models() -> set[str]:
+        family = next(f for f in worker.registry.collect() if f.name == "confidence_calibration_ece")
+        return {s.labels["group"] for s in family.samples if s.labels["dimension"] == "model"}
+
+    assert models() == {"m", "other"}
+    worker.stage.forget_group(worker.group("m2"))  # expired; m3 still counts on `other`
+    assert models() == {"m", "other"}
+    worker.stage.forget_group(worker.group("m3"))
+    assert models() == {"m"}
+    worker.stage.forget_groups_outside(set())  # the tenant's partition moved away
+    assert models() == set()

@@ -204,3 +204,24 @@ def test_a_restored_value_that_does_not_validate_is_skipped_not_raised() -> None
     # Rewritten through the worker's own code, a skipped key is indexed and swept again.
     table[b"0-bad"] = states.encode(b"0-bad", Value(last=T0))
     assert [key for key, _ in states.due(late)] == [b"0-bad"]
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "error"),
+    [
+        (b"x-not-a-partition", Value(last=T0).model_dump_json().encode(), "ValueError"),  # key unusable
+        (b"0-overflow", b'{"last": "9999-12-31T23:30:00Z"}', "OverflowError"),  # + 1 h overflows
+        (b"0-naive", b'{"last": "2026-11-01T00:00:00"}', "TypeError"),  # no time zone
+    ],
+)
+def test_a_valid_value_whose_sweep_moment_cannot_be_computed_is_skipped(
+    key: bytes, raw: bytes, error: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Validation is not enough: a value another writer left can still make the sweep moment raise."""
+    table: dict[bytes, bytes] = {b"0-good": Value(last=T0).model_dump_json().encode(), key: raw}
+    skipped: list[str] = []
+    states = DecodedStates(table, Value, sweep_after=_sweep_after, on_undecodable=skipped.append)  # type: ignore[arg-type]
+    states.restored()
+    assert [k for k, _ in states.due(_passed_at({0: T0 + timedelta(hours=2)}))] == [b"0-good"]
+    assert skipped == ["Value"]
+    assert error in caplog.text and repr(key) in caplog.text

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from streams.decode import decode
 from streams.events import LlmResponse
@@ -64,3 +65,10 @@ def test_state_read_back_from_a_changelog_gets_a_standard_zone() -> None:
     raw = b'{"tenant_id": "t", "trace_id": "tr", "partition": 0, "last_event_time": "2026-11-27T10:00:00Z"}'
     state = TraceState.model_validate_json(raw)
     assert state.last_event_time.tzinfo is UTC
+
+
+def test_state_without_a_time_zone_does_not_validate() -> None:
+    """A naive time from another writer would raise at its first comparison with the clock, in the sweep."""
+    raw = b'{"tenant_id": "t", "trace_id": "tr", "partition": 0, "last_event_time": "2026-11-27T10:00:00"}'
+    with pytest.raises(ValidationError, match="timezone_aware"):
+        TraceState.model_validate_json(raw)
