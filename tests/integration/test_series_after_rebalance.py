@@ -8,6 +8,7 @@ last value on every dashboard, beside the new one (sums double, averages mix old
 from __future__ import annotations
 
 import urllib.error
+from collections.abc import Callable
 
 from streams.harness import RunningBroker
 from streams.stages.common import key_partition, tenant_partition
@@ -18,8 +19,8 @@ from tests.integration.workload import scrape
 PARTITIONS = 2
 
 
-def _first(names: list[str], partition_of: object, partition: int) -> str:
-    return next(n for n in names if partition_of(n) == partition)  # type: ignore[operator]
+def _first(names: list[str], partition_of: Callable[[str], int], partition: int) -> str:
+    return next(n for n in names if partition_of(n) == partition)
 
 
 # One tenant per calibration partition, one agent per responses partition (with tenant "series").
