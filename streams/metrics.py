@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections import Counter as Tally  # prometheus_client.Counter is the Counter here
+from collections.abc import Hashable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["OTHER", "ChildCache", "LabelCap", "Metrics", "create"]
+__all__ = ["OTHER", "ChildCache", "LabelCap", "Metrics", "SharedSeries", "create"]
+
+Subject = TypeVar("Subject", bound=Hashable)
 
 OTHER = "other"
 _UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -58,6 +62,38 @@ class ChildCache:
         """Stop exporting a series whose subject is gone (a swept agent, an expired group)."""
         if self._children.pop((id(metric), values), None) is not None:
             metric.remove(*values)
+
+
+class SharedSeries(Generic[Subject]):
+    """The series each exported subject (an agent, a calibration group) is reported under, and how many
+    subjects share each one: subjects whose labels were capped share an `other` series, which must
+    leave with the last of them, not the first."""
+
+    def __init__(self) -> None:
+        self._series: dict[Subject, tuple[str, ...]] = {}
+        self._users: Tally[tuple[str, ...]] = Tally()
+
+    def get(self, subject: Subject) -> tuple[str, ...] | None:
+        return self._series.get(subject)
+
+    def add(self, subject: Subject, series: tuple[str, ...]) -> None:
+        if subject not in self._series:
+            self._series[subject] = series
+            self._users[series] += 1
+
+    def subjects(self) -> list[Subject]:
+        return list(self._series)
+
+    def remove(self, subject: Subject) -> tuple[tuple[str, ...] | None, bool]:
+        """Forget `subject`: (its series or None if it had none, whether that series has no user left)."""
+        series = self._series.pop(subject, None)
+        if series is None:
+            return None, False
+        self._users[series] -= 1
+        if self._users[series]:
+            return series, False
+        del self._users[series]
+        return series, True
 
 
 class Metrics(NamedTuple):

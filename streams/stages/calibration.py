@@ -10,7 +10,6 @@ hourly buckets of fine bins (`streams.scoring.calibration`) over a sliding windo
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 from streams.config import ScoringConfigs, Settings
 from streams.events import CalibrationGroup, CalibrationUpdated, OutcomeEvent
 from streams.ids import output_event_id
-from streams.metrics import Metrics
+from streams.metrics import Metrics, SharedSeries
 from streams.scoring import calibration
 from streams.stages.common import (
     ExpiryClock,
@@ -186,10 +185,8 @@ class CalibrationStage:
         )
         self.window = timedelta(hours=settings.calibration_window_hours)
         # Every group whose gauges this process set, (tenant, dimension, value, kind), with its series'
-        # labels, until it expires or its tenant's partition moves away (`forget_groups_outside`); and
-        # how many of them each series has (groups whose labels were capped share an `other` series).
-        self._exported: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}
-        self._series_users: Counter[tuple[str, str, str, str]] = Counter()
+        # labels, until it expires or its tenant's partition moves away (`forget_groups_outside`).
+        self._exported: SharedSeries[tuple[str, str, str, str]] = SharedSeries()
 
     def process(
         self, records: list[InputRecord], load: Callable[[Table, bytes], BaseModel | None]
@@ -353,10 +350,7 @@ class CalibrationStage:
         def publish() -> None:  # with the batch, unless this message is dead-lettered
             ece_gauge.set(ece)
             brier_gauge.set(brier)
-            identity = (group.tenant_id, group.dimension, group.value, group.kind)
-            if identity not in self._exported:
-                self._exported[identity] = labels
-                self._series_users[labels] += 1
+            self._exported.add((group.tenant_id, group.dimension, group.value, group.kind), labels)
 
         out.meter(publish)
         settings = self.settings
@@ -445,18 +439,14 @@ class CalibrationStage:
         """Forget the series of groups whose tenant's partition this worker no longer owns: the new
         owner exports them, and a stale copy here would stay on every dashboard beside its own."""
         n = self.settings.topic_partitions
-        for series in [s for s in self._exported if tenant_partition(s[0], n) not in partitions]:
-            self._forget_series(*series)
+        for group in [g for g in self._exported.subjects() if tenant_partition(g[0], n) not in partitions]:
+            self._forget_series(*group)
 
     def _forget_series(self, tenant: str, dimension: str, value: str, kind: str) -> None:
         """The group no longer counts here; its series leaves with the last group using it."""
-        labels = self._exported.pop((tenant, dimension, value, kind), None)
-        if labels is None:  # never set by this process (restored and not matched since)
+        labels, unused = self._exported.remove((tenant, dimension, value, kind))
+        if labels is None or not unused:  # never set here, or an `other` series groups here still share
             return
-        self._series_users[labels] -= 1
-        if self._series_users[labels]:
-            return  # an `other` series that groups still counted here share
-        del self._series_users[labels]
         m = self.metrics
         m.child.remove(m.calibration_ece, *labels)
         m.child.remove(m.calibration_brier, *labels)

@@ -30,7 +30,7 @@ from streams.events import (
     ScoreKind,
 )
 from streams.ids import output_event_id
-from streams.metrics import OTHER, Metrics
+from streams.metrics import OTHER, Metrics, SharedSeries
 from streams.scoring import composite, response
 from streams.stages.calibration import calibration_records, upstream
 from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, key_partition, now
@@ -341,10 +341,9 @@ class AgentStage:
         )
         # llm_confidence_average per label set: the rolling average's own state (0.0 is a value too).
         self._averages: dict[tuple[str, str, str], float] = {}
-        # The success-rate series of each agent scored here, and how many agents share one series (the
-        # `other` ones) and one agent label: a swept agent's series leaves, and its label's place too.
-        self._rate_series: dict[tuple[str, str], tuple[str, str]] = {}
-        self._series_users: Counter[tuple[str, str]] = Counter()
+        # The success-rate series of each agent scored here, and how many agents share one agent label:
+        # a swept agent's series leaves (with its last user, for an `other` one), and its label's place.
+        self._rate_series: SharedSeries[tuple[str, str]] = SharedSeries()
         self._agent_label_users: Counter[str] = Counter()
 
     def process(
@@ -565,32 +564,32 @@ class AgentStage:
                 met / total
             )
 
-    def _success_rate_series(self, tenant: str, agent: str) -> tuple[str, str]:
+    def _success_rate_series(self, tenant: str, agent: str) -> tuple[str, ...]:
         series = self._rate_series.get((tenant, agent))
         if series is None:
             m = self.metrics
-            series = self._rate_series[tenant, agent] = (m.labels("tenant", tenant), m.labels("agent", agent))
-            self._series_users[series] += 1
+            series = (m.labels("tenant", tenant), m.labels("agent", agent))
+            self._rate_series.add((tenant, agent), series)
             self._agent_label_users[series[1]] += 1
         return series
 
     def forget_agents_outside(self, partitions: set[int]) -> None:
         """Forget the agents whose history is on a partition this worker no longer owns: their new
         owner exports their success rate, and a stale copy here would stay on every dashboard."""
-        moved = [k for k in self._rate_series if self.partition_of(table_key(*k)) not in partitions]
+        moved = [
+            k for k in self._rate_series.subjects() if self.partition_of(table_key(*k)) not in partitions
+        ]
         for tenant, agent in moved:
             self.forget_agent(tenant, agent)
 
     def forget_agent(self, tenant: str, agent: str) -> None:
         """A swept agent's success rate stops being exported (a dead instance's rate stayed on every
         dashboard), and its agent label's place is freed for a newcomer (which became `other`)."""
-        series = self._rate_series.pop((tenant, agent), None)
+        series, unused = self._rate_series.remove((tenant, agent))
         if series is None:  # not scored by this process (restored, or never within a window)
             return
         m = self.metrics
-        self._series_users[series] -= 1
-        if not self._series_users[series]:
-            del self._series_users[series]
+        if unused:
             m.child.remove(m.agent_success_rate, *series)
         label = series[1]
         self._agent_label_users[label] -= 1
