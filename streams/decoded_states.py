@@ -16,7 +16,7 @@ from streams.app import SourcePartitionedTable
 from streams.scoring.claim_graph import ClaimNode, NeighbourFacts, neighbour_facts
 from streams.scoring.claims import ClaimsConfig
 
-__all__ = ["ClaimFacts", "DecodedStates", "SweepAfter", "UndecodableState"]
+__all__ = ["ClaimFacts", "DecodedStates", "SweepAfter", "UndecodableState", "decode_stored"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,18 @@ M = TypeVar("M", bound=BaseModel)
 class UndecodableState(ValueError):
     """A stored value that does not validate as its table's model (written by another version of
     this code, or by something other than a worker). Its text names the table, never the value."""
+
+
+def decode_stored(model: type[M], raw: bytes, table: str) -> M:
+    """`raw` as `model`, or UndecodableState naming the table and the first error (never the value)."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.error_count()
+        raise UndecodableState(
+            f"a stored value of table {table} is not a valid {model.__name__} "
+            f"({errors} validation error{'s' * (errors != 1)}, the first at {_location(exc)})"
+        ) from None
 
 
 SweepAfter = Callable[[bytes, M], tuple[int, datetime] | None]
@@ -206,15 +218,8 @@ class DecodedStates(Generic[M]):
         hit = self._decoded.get(key)
         if hit is not None and hit[0] is raw:
             return hit[1]
-        try:
-            value = self.model.model_validate_json(raw)
-        except ValidationError as exc:
-            # An input that needs this state is dead-lettered with this class name (stage's guard).
-            errors = exc.error_count()
-            raise UndecodableState(
-                f"a stored value of table {self.name} is not a valid {self.model.__name__} "
-                f"({errors} validation error{'s' * (errors != 1)}, the first at {_location(exc)})"
-            ) from None
+        # An input that needs a value it cannot decode is dead-lettered with UndecodableState (guard).
+        value = decode_stored(self.model, raw, self.name)
         self._remember(key, raw, value)
         return value
 

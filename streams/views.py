@@ -7,6 +7,8 @@ Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -20,6 +22,7 @@ from faust.web.exceptions import ServiceUnavailable
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.app import Service
+from streams.decoded_states import UndecodableState, decode_stored
 from streams.scoring import calibration, claim_graph, evidence
 from streams.stages.history import agent_entries
 from streams.state import AgentHistory, GroupCalibration, HistoryEntry, HistoryHour, TraceState, table_key
@@ -30,12 +33,32 @@ __all__ = [
     "calibration_group_matches",
     "calibration_summary",
     "claim_matches",
+    "tenant_of_key",
 ]
 
 
 # A view for a key another worker owns is forwarded to it; until the group notices that worker is gone
 # (the session timeout), forwarding fails: a 503 the caller can retry, not a 500 page.
 OWNER_UNREACHABLE = (aiohttp.ClientError, asyncio.TimeoutError)
+
+log = logging.getLogger(__name__)
+
+_Get = Callable[..., Awaitable[Response]]
+
+
+def _answers_unreadable_state(get: _Get) -> _Get:
+    """A stored value this version cannot decode (see `UndecodableState`) answers a JSON 500 naming the
+    table, and is logged; before, aiohttp's bare 500 page said nothing of why."""
+
+    @functools.wraps(get)
+    async def answer(view: View, request: Request, **params: str) -> Response:
+        try:
+            return await get(view, request, **params)
+        except UndecodableState as exc:
+            log.error("view %s: %s", request.url, exc)
+            return _json(view.web, {"error": str(exc)}, 500)
+
+    return answer
 
 
 def _json(web: Any, body: object, status: int = 200) -> Response:
@@ -106,7 +129,7 @@ def agent_statistics(
 def _hour_loader(svc: Service) -> Callable[[bytes], HistoryHour | None]:
     def load(key: bytes) -> HistoryHour | None:
         raw = svc.agent_history_hours.get(key)
-        return None if raw is None else HistoryHour.model_validate_json(raw)
+        return None if raw is None else decode_stored(HistoryHour, raw, svc.agent_history_hours.name)
 
     return load
 
@@ -157,6 +180,7 @@ def attach_views(
 
     @app.page("/traces/{tenant_id}/{trace_id}")
     class TraceView(View):  # type: ignore[misc]
+        @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, trace_id: str) -> Response:
             # Traces live with their input partition: route by the input topic's key.
             route = app.router.route_topic_req(routing_topic, trace_id.encode(), self.web, request)
@@ -165,7 +189,7 @@ def attach_views(
             raw = svc.traces.get(table_key(tenant_id, trace_id))
             if raw is None:
                 return _json(self.web, {"error": "unknown trace"}, 404)
-            state = TraceState.model_validate_json(raw)
+            state = decode_stored(TraceState, raw, svc.traces.name)
             result = evidence.score(state.evidence, svc.configs.evidence)
             return _json(
                 self.web,
@@ -181,6 +205,7 @@ def attach_views(
 
     @app.page("/claims/{tenant_id}/{claim_id}")
     class ClaimView(View):  # type: ignore[misc]
+        @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, claim_id: str) -> Response:
             # A tenant's claim graph lives with its partition of the claims topic (keyed by tenant).
             route = app.router.route_topic_req(svc.claims_topic, tenant_id.encode(), self.web, request)
@@ -198,7 +223,7 @@ def attach_views(
 
             def load(other: str) -> claim_graph.ClaimNode | None:
                 raw = svc.claims.get(table_key(tenant_id, other))
-                return None if raw is None else claim_graph.ClaimNode.model_validate_json(raw)
+                return None if raw is None else decode_stored(claim_graph.ClaimNode, raw, svc.claims.name)
 
             node = load(claim_id)
             if node is None or node.definition is None:
@@ -224,6 +249,7 @@ def attach_views(
 
     @app.page("/agents/{tenant_id}/{agent_name}")
     class AgentView(View):  # type: ignore[misc]
+        @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, agent_name: str) -> Response:
             key = table_key(tenant_id, agent_name)
             route = app.router.route_req(svc.agents_history.name, key, self.web, request)
@@ -239,7 +265,7 @@ def attach_views(
             raw = svc.agents_history.get(key)
             if raw is None:
                 return _json(self.web, {"error": "unknown agent"}, 404)
-            history = AgentHistory.model_validate_json(raw)
+            history = decode_stored(AgentHistory, raw, svc.agents_history.name)
             newest = history.newest or max((e.event_time for e in history.entries), default=datetime.now(UTC))
             threshold = svc.configs.composite.threshold_for(history.agent_type)
             # The window ends at the agent's newest event (event time), not the wall clock, and
@@ -256,6 +282,7 @@ def attach_views(
     class CalibrationView(View):  # type: ignore[misc]
         """Reliability bins, ECE, Brier and threshold advice of a tenant's calibration groups."""
 
+        @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str) -> Response:
             # A tenant's calibration lives with its partition of the calibration topic (keyed by tenant).
             route = app.router.route_topic_req(svc.calibration_topic, tenant_id.encode(), self.web, request)
@@ -274,9 +301,9 @@ def attach_views(
                 "kind": request.query.get("kind"),
             }
             groups = [
-                GroupCalibration.model_validate_json(raw)
+                decode_stored(GroupCalibration, raw, svc.calibration_groups.name)
                 for key, raw in list(svc.calibration_groups.items())
-                if orjson.loads(key)[0] == tenant_id
+                if tenant_of_key(key) == tenant_id
             ]
             selected = sorted(
                 (g for g in groups if calibration_group_matches(g, **wanted)),
@@ -295,6 +322,15 @@ def attach_views(
             )
 
     del MetricsView, HealthView, ReadyView, TraceView, ClaimView, AgentView, CalibrationView
+
+
+def tenant_of_key(key: bytes) -> object:
+    """The tenant of a (tenant, ...) table key; None for a key no worker wrote (not a JSON array)."""
+    try:
+        parts = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return None
+    return parts[0] if isinstance(parts, list) and parts else None
 
 
 def calibration_group_matches(

@@ -219,6 +219,11 @@ def test_a_stored_value_the_worker_cannot_read_is_skipped_not_fatal(kafka: Runni
         assert second.alive() and health(port, "/healthz")[0] == 200
         assert scrape(port).value("confidence_state_undecodable_total", table="traces") == 1
         assert "the sweep skips key" in d.log_text()
+        # Its view says why in JSON (aiohttp's bare 500 page did not), and the worker stays up.
+        status, body = http_get(port, "/traces/ttl-corrupt/t-bad", timeout=5)
+        assert status == 500
+        assert "a stored value of table traces is not a valid TraceState" in orjson.loads(body)["error"]
+        assert second.alive() and health(port, "/healthz")[0] == 200
         # An input for t-bad needs the value: dead-lettered, saying why; the next input is scored.
         needs_it, after = f.tool("t-bad", "find", "y", minutes=121), f.tool("t-new", "grep", "y", minutes=122)
         d.produce([needs_it, after])
