@@ -260,7 +260,14 @@ class BatchRunner:
         """The broker's answers (aiokafka RecordMetadata, one per record batch), once all arrived."""
         if not futures:
             return []
-        return list(await asyncio.wait_for(asyncio.gather(*futures), self.svc.settings.send_timeout_seconds))
+        gathered = asyncio.gather(*futures)
+        try:
+            return list(await asyncio.wait_for(gathered, self.svc.settings.send_timeout_seconds))
+        finally:
+            # Cancelled while waiting (a shutdown, or the timeout), the gather ends with the children's
+            # CancelledError, which nothing read: asyncio logged "exception was never retrieved".
+            if gathered.done() and not gathered.cancelled():
+                gathered.exception()
 
     def _note_internal_ends(self, acknowledged: list[Any]) -> None:
         """Remember how far this worker has written each internal partition (the input gate reads it)."""

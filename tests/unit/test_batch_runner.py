@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -459,3 +460,26 @@ async def test_a_sweep_joining_a_waiting_batch_holds_the_next_batchs_outputs_too
         await _settle()
         assert ("outputs", "4") in sender.sent
         assert exits == []
+
+
+async def test_a_shutdown_while_a_send_waits_for_its_ack_leaves_no_unretrieved_exception(
+    exits: list[str],
+) -> None:
+    """Cancelling the wait for the broker's answers (a worker's shutdown) left the gathered answers'
+    CancelledError unread, and asyncio logged "exception was never retrieved" for it."""
+    reported: list[str] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+    try:
+        async with _running(batches=0) as rig:
+            unanswered = loop.create_future()
+            waiting = asyncio.create_task(rig.runner._acknowledged([unanswered]))
+            await _settle()
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            assert unanswered.cancelled()
+            del waiting  # its CancelledError's traceback holds the gathered future
+            gc.collect()  # asyncio reports an unread exception when the future is collected
+        assert reported == []
+    finally:
+        loop.set_exception_handler(None)
