@@ -22,11 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from streams.config import load_settings
+
 __all__ = [
     "TANSU_SHA256",
     "BrokerKind",
     "RunningBroker",
     "broker",
+    "configured_bootstrap_servers",
     "docker_available",
     "kraft_environment",
     "stop_on_sigterm",
@@ -245,10 +248,22 @@ def _docker_kafka() -> Iterator[RunningBroker]:
         yield RunningBroker("apache-kafka", bootstrap)
 
 
+def configured_bootstrap_servers() -> str:
+    """`KAFKA_BOOTSTRAP_SERVERS` as the worker reads it (the environment, else `.env`, any case); "" if
+    neither sets it. The harness read the environment only, so a cluster named in `.env` got a demo
+    on the embedded broker instead."""
+    settings = load_settings()
+    return (
+        settings.kafka_bootstrap_servers.strip()
+        if "kafka_bootstrap_servers" in settings.model_fields_set
+        else ""
+    )
+
+
 @contextlib.contextmanager
 def broker() -> Iterator[RunningBroker]:
     """Yield a running broker chosen by DESIGN section 7's order; stop whatever was started."""
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    configured = configured_bootstrap_servers()
     if configured:
         wait_for_kafka(configured)
         log.info("broker: KAFKA_BOOTSTRAP_SERVERS=%s (used as it is)", configured)
