@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -171,6 +172,7 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
         progress.begin("stop", "stopping the worker and the broker")
         stack.close()
         progress.finish("stop", "worker and broker stopped")
+    shutil.rmtree(data_dir, ignore_errors=True)  # kept only when the demo failed: its log is there
     _summary(console, records, settings.scored_topic, settings.flagged_topic, settings.dlq_topic, elapsed)
     _calibration_summary(console, calibration)
     if report_dir is not None:

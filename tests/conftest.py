@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -32,3 +33,13 @@ def kafka() -> Iterator[RunningBroker]:
             "integration tests run against %s (%s)", running.kind, running.bootstrap_servers
         )
         yield running
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_under_pytest_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Deployments' data dirs and logs, reports and the like go under pytest's base temp dir, which pytest
+    prunes (it keeps the last three runs'); in /tmp they piled up, hundreds per run of the suite."""
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.getbasetemp())
+    yield
+    tempfile.tempdir = before

@@ -61,3 +61,7 @@ def test_demo_runs_shows_progress_and_prints_summary() -> None:
     assert len(outputs) >= 29 and {o["event_type"] for o in outputs} >= {"RESPONSE_SCORED", "TRACE_SCORED"}
     assert Path(report, "report.png").read_bytes().startswith(b"\x89PNG")
     assert f"<tr><td>{len(outputs)}</td>" in Path(report, "report.html").read_text()
+    # The worker's data dir and log are removed after a run that succeeded (kept when it fails).
+    worker_log = re.search(r"log (\S+worker\.log)\)", done.stdout)
+    assert worker_log, done.stdout[-4000:]
+    assert not Path(worker_log.group(1)).parent.exists()
