@@ -300,17 +300,25 @@ def attach_views(
                 "agent_type": request.query.get("agent_type"),
                 "kind": request.query.get("kind"),
             }
-            groups = [
-                decode_stored(GroupCalibration, raw, svc.calibration_groups.name)
-                for key, raw in list(svc.calibration_groups.items())
-                if tenant_of_key(key) == tenant_id
-            ]
+            groups: list[GroupCalibration] = []
+            unreadable = 0  # a group this version cannot decode must not hide the tenant's others
+            for key, raw in list(svc.calibration_groups.items()):
+                if tenant_of_key(key) != tenant_id:
+                    continue
+                try:
+                    groups.append(decode_stored(GroupCalibration, raw, svc.calibration_groups.name))
+                except UndecodableState as exc:
+                    log.error("view %s skips key %r: %s", request.url, key, exc)
+                    unreadable += 1
             selected = sorted(
                 (g for g in groups if calibration_group_matches(g, **wanted)),
                 key=lambda g: (g.dimension, g.value, g.kind),
             )
             if not selected:
-                return _json(self.web, {"error": "no calibration data for this tenant and filter"}, 404)
+                missing: dict[str, object] = {"error": "no calibration data for this tenant and filter"}
+                return _json(
+                    self.web, missing | ({"unreadable_groups": unreadable} if unreadable else {}), 404
+                )
             return _json(
                 self.web,
                 {
@@ -318,6 +326,7 @@ def attach_views(
                     "window_hours": svc.settings.calibration_window_hours,
                     "target_precision": target,
                     "groups": [calibration_summary(svc, g, target) for g in selected],
+                    "unreadable_groups": unreadable,  # skipped, each logged (it may match the filter)
                 },
             )
 

@@ -132,9 +132,9 @@ def _plus(
 
 
 class _Batch:
-    """One message's view of the three tables: its own writes win over the batch's, which win over
-    stored ones. Its writes join the batch's only once the whole message is handled (`commit`): a
-    message that fails half-way is dead-lettered and must leave no count behind."""
+    """One item's view of the three tables: its own writes win over the batch's, which win over stored
+    ones. Its writes join the batch's only once the whole item is handled (`commit`): an item that
+    fails half-way is dead-lettered and must leave no count behind."""
 
     def __init__(
         self,
@@ -142,7 +142,7 @@ class _Batch:
         dirty: dict[bytes, CalibrationWrite],
         partition: int,
     ) -> None:
-        self._load, self._dirty, self._partition = load, dirty, partition
+        self._load, self._dirty, self.partition = load, dirty, partition
         self._written: dict[bytes, CalibrationWrite] = {}
 
     def _get(self, table: Table, key: bytes) -> BaseModel | None:
@@ -167,7 +167,7 @@ class _Batch:
     def write(
         self, table: Table, key: bytes, value: SubjectEntry | GroupCalibration | HourBucket | None
     ) -> None:
-        self._written[key] = CalibrationWrite(table, value, self._partition)
+        self._written[key] = CalibrationWrite(table, value, self.partition)
 
     def commit(self) -> None:
         self._dirty.update(self._written)
@@ -198,21 +198,38 @@ class CalibrationStage:
         out = Outputs(self.settings, self.metrics)
         dirty: dict[bytes, CalibrationWrite] = {}
         for record in records:
-            out.guarded(
-                record, "calibration stage", lambda r: self._one(r, _Batch(load, dirty, r.partition), out)
-            )
+            out.guarded(record, "calibration stage", lambda r: self._one(r, load, dirty, out))
         out.settle()
         return out.records, dirty
 
-    def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
+    def _one(
+        self,
+        record: InputRecord,
+        load: Callable[[Table, bytes], BaseModel | None],
+        dirty: dict[bytes, CalibrationWrite],
+        out: Outputs,
+    ) -> None:
         message = CalibrationMessage.model_validate_json(record.value or b"")
         for item in message.items:
-            if item.subject is not None:
-                self.clock.saw(record.partition, item.subject.event_time, source=message.source)
-                self._subject(message.tenant_id, item.subject, item.received_at, batch, out)
-            if item.outcome is not None:
-                self.clock.saw(record.partition, item.outcome.timestamp, source=message.source)
-                self._outcome(message.tenant_id, item.outcome, item.received_at, batch, out)
+            # Each item alone: a message holds a tenant's scores and outcomes of a whole upstream
+            # batch, and one that fails (an unreadable group, a bug) dead-lettered all the others.
+            out.guarded(
+                record,
+                "calibration stage",
+                lambda r, item=item: self._item(message, item, _Batch(load, dirty, r.partition), out),
+                dead_value=lambda item=item: (
+                    message.model_copy(update={"items": [item]}).model_dump_json().encode()
+                ),
+            )
+
+    def _item(self, message: CalibrationMessage, item: CalibrationItem, batch: _Batch, out: Outputs) -> None:
+        partition = batch.partition
+        if item.subject is not None:
+            self.clock.saw(partition, item.subject.event_time, source=message.source)
+            self._subject(message.tenant_id, item.subject, item.received_at, batch, out)
+        if item.outcome is not None:
+            self.clock.saw(partition, item.outcome.timestamp, source=message.source)
+            self._outcome(message.tenant_id, item.outcome, item.received_at, batch, out)
         batch.commit()
 
     def _subject(

@@ -258,8 +258,15 @@ class Outputs:
             )
         )
 
-    def guarded(self, record: InputRecord, stage: str, handle: Callable[[InputRecord], None]) -> None:
-        """Run `handle(record)`; if it raises, drop what it emitted and dead-letter the record instead.
+    def guarded(
+        self,
+        record: InputRecord,
+        stage: str,
+        handle: Callable[[InputRecord], None],
+        dead_value: Callable[[], bytes] | None = None,
+    ) -> None:
+        """Run `handle(record)`; if it raises, drop what it emitted and dead-letter the record instead
+        (or, given `dead_value`, what it returns: the part of the record that failed).
 
         A scorer bug or an unreadable internal message must never stop the worker (DESIGN section 6).
         """
@@ -278,7 +285,8 @@ class Outputs:
                 stage,
                 type(exc).__name__,
             )
-            letter = processing_error(record, exc, stage)
+            failed = record if dead_value is None else dataclasses.replace(record, value=dead_value())
+            letter = processing_error(failed, exc, stage)
         del self.records[mark:]
         del self.calibration[calibration_mark:]
         del self.metered[metered_mark:]

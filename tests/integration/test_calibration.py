@@ -8,6 +8,7 @@ advice computed here from the same (confidence, outcome) pairs, and be near the 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import urllib.error
@@ -19,8 +20,9 @@ import orjson
 import pytest
 
 from streams.harness import RunningBroker
-from streams.kafka_io import Consumed
+from streams.kafka_io import Consumed, produce
 from streams.scoring import calibration
+from streams.stages.calibration import group_key
 from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, get_json, poll
 from tests.integration.test_metrics_values import _scrape
 
@@ -29,7 +31,7 @@ N = 500  # responses per model
 
 def view(d: Deployment, path: str) -> tuple[int, dict[str, Any]]:
     try:
-        return get_json(d.web_ports[0], path)
+        return get_json(d.web_ports[-1], path)  # the latest worker started
     except urllib.error.URLError:  # the worker's web server is not up yet
         return 0, {}
 
@@ -41,8 +43,8 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     return result
 
 
-def group_view(d: Deployment, query: str, samples: int) -> dict[str, Any] | None:
-    status, body = view(d, f"/calibration/cal?{query}")
+def group_view(d: Deployment, query: str, samples: int, tenant: str = "cal") -> dict[str, Any] | None:
+    status, body = view(d, f"/calibration/{tenant}?{query}")
     if status != 200 or len(body["groups"]) != 1 or body["groups"][0]["samples"] != samples:
         return None
     return dict(body["groups"][0])
@@ -283,3 +285,55 @@ def test_bad_outcomes_go_to_the_dead_letter_topic(kafka: RunningBroker) -> None:
     assert all(
         orjson.loads(r.value)["event_type"] == "OUTCOME" for r in records if r.topic == d.settings.dlq_topic
     )
+
+
+def test_one_calibration_item_that_fails_is_dead_lettered_alone(kafka: RunningBroker) -> None:
+    """Stage 1 sends a tenant's scores and outcomes of a whole batch as one calibration message. One that
+    fails (here: its group's stored value cannot be read) dead-lettered all of them; now it goes alone,
+    as a one-item message, and the others count."""
+    d = deploy(kafka, partitions=1, CALIBRATION_MIN_SAMPLES="1")
+    f = EventFactory(tenant="cal-item")
+    first = d.start_worker()
+    responses = {
+        model: f.response("t", 0, model=model, token_logprobs=[math.log(0.8)], **STRONG_COMPOSITE)
+        for model in ("good", "bad")
+    }
+    verdicts = [f.outcome("t", 1, subject_event_id=r["event_id"], correct=True) for r in responses.values()]
+    try:
+        d.produce([*responses.values(), *verdicts])
+        for model in ("good", "bad"):
+            wait_for(
+                lambda m=model: group_view(d, f"model={m}&kind=response", 1, "cal-item"), f"the {model} group"
+            )
+        assert first.stop() == 0
+        changelog = f"{d.settings.app_id}-calibration-groups-changelog"
+        corrupt = [(group_key("cal-item", "model", "bad", "response"), b'{"not": "a group"}')]
+        asyncio.run(produce(kafka.bootstrap_servers, changelog, corrupt))
+        d.close_changelog_gaps()
+        second = d.start_worker()
+        wait_for(lambda: group_view(d, "model=good&kind=response", 1, "cal-item"), "the restored good group")
+        # The view lists what it can read and counts the group it cannot (before: a 500 for the tenant).
+        status, body = view(d, "/calibration/cal-item?kind=response")
+        assert status == 200 and body["unreadable_groups"] == 1
+        assert {(g["dimension"], g["value"]) for g in body["groups"]} == {
+            ("model", "good"),
+            ("agent_type", "planner"),
+        }
+        # One produce, one trace: one stage-1 batch, so both outcomes travel in one calibration message.
+        again = {
+            m: f.outcome("t", 2, subject_event_id=r["event_id"], correct=False) for m, r in responses.items()
+        }
+        d.produce(list(again.values()))
+        records = d.collect(lambda rs: any(r.topic == d.settings.dlq_topic for r in rs))
+        good = wait_for(
+            lambda: group_view(d, "model=good&kind=response", 2, "cal-item"), "the good outcome counted"
+        )
+        assert good["samples"] == 2
+        (letter,) = [r for r in records if r.topic == d.settings.dlq_topic]
+        headers = dict(letter.headers)
+        assert headers["__connect.errors.exception.class.name"] == b"UndecodableState"
+        dead = orjson.loads(letter.value)
+        assert [item["outcome"]["event_id"] for item in dead["items"]] == [again["bad"]["event_id"]]
+        assert second.alive()
+    finally:
+        d.stop()

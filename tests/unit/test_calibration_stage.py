@@ -1,4 +1,4 @@
-"""Stage 4 without Kafka: a message is applied whole or not at all, a subject's entry stays bounded, a
+"""Stage 4 without Kafka: each item of a message is applied whole or dead-lettered alone, a subject's entry stays bounded, a
 mistyped far-future outcome does not pin its group, and a group survives a bucket it never counted.
 (Through the broker: tests/integration/test_calibration.py.)"""
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
@@ -19,6 +20,7 @@ from streams.scoring import calibration
 from streams.stages import CalibrationStage, InputRecord
 from streams.stages.calibration import (
     CalibrationWrite,
+    Dimension,
     Table,
     group_key,
     hour_key,
@@ -76,9 +78,12 @@ class _Worker:
         return self.registry.get_sample_value("confidence_outcomes_total", {"status": status}) or 0.0
 
     def group(self, model: str = "m", kind: str = "response") -> GroupCalibration:
-        value = self.tables[group_key(TENANT, "model", model, kind)]
-        assert isinstance(value, GroupCalibration)
-        return value
+        return self.group_of("model", model, kind)
+
+    def group_of(self, dimension: Dimension, value: str, kind: str = "response") -> GroupCalibration:
+        group = self.tables[group_key(TENANT, dimension, value, kind)]
+        assert isinstance(group, GroupCalibration)
+        return group
 
 
 def _score(subject_id: str, minutes: float, score: float = 0.8, model: str = "m") -> CalibrationItem:
@@ -109,31 +114,50 @@ def _outcome(event_id: str, subject_id: str, minutes: float, correct: bool = Tru
     return CalibrationItem(outcome=outcome, received_at=1.0)
 
 
-def test_a_message_that_fails_half_way_writes_nothing_and_counts_nothing(
+def test_an_item_that_fails_half_way_is_dead_lettered_alone_and_leaves_no_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     worker = _Worker()
-    worker.feed(_score("r1", 0), _score("r2", 0))
-    before = dict(worker.tables)
-    # The second outcome of the message fails in the scorer: the first one's counts must not stay.
+    worker.feed(_score("r1", 0), _score("r2", 0), _score("r3", 0))
+    # The second outcome fails in the scorer half-way (after its first group): its counts must not
+    # stay, and the first and third outcomes of the message count (the whole message was lost before).
     real_add = calibration.add
     calls: Iterator[int] = iter(range(1_000))
 
     def add_failing_the_second_outcome(*args: Any) -> dict[int, calibration.BinStats]:
-        if next(calls) >= 4:  # each outcome adds to two groups, bucket and totals: 4 calls
+        # Each outcome adds to two groups, bucket and totals: 4 calls; the second fails at its third.
+        if next(calls) == 6:
             raise RuntimeError("scorer bug")
         return real_add(*args)
 
     monkeypatch.setattr(calibration, "add", add_failing_the_second_outcome)
-    records, writes = worker.feed(_outcome("o1", "r1", 1), _outcome("o2", "r2", 1))
-    assert writes == {}
-    assert worker.tables == before
-    assert [r.topic for r in records] == [worker.settings.dlq_topic]
-    assert worker.outcomes("matched") == 0
-    monkeypatch.setattr(calibration, "add", real_add)
-    worker.feed(_outcome("o1", "r1", 1), _outcome("o2", "r2", 1))  # the message again, scorer fixed
+    records, _ = worker.feed(_outcome("o1", "r1", 1), _outcome("o2", "r2", 1), _outcome("o3", "r3", 1))
     assert worker.outcomes("matched") == 2
     assert calibration.total(worker.group().bins) == 2
+    assert calibration.total(worker.group_of("agent_type", "a").bins) == 2  # not 3: no half count left
+    (letter,) = records
+    assert letter.topic == worker.settings.dlq_topic
+    assert dict(letter.headers)["__connect.errors.exception.class.name"] == b"RuntimeError"
+    dead = CalibrationMessage.model_validate_json(letter.value)  # the failed item alone, replayable
+    assert [item.outcome.event_id for item in dead.items if item.outcome] == ["o2"]
+    assert (dead.tenant_id, dead.source) == (TENANT, upstream("trace", 0))
+    entry = worker.tables[subject_key(TENANT, "response", "r2")]
+    assert isinstance(entry, SubjectEntry) and entry.applied == ()
+    monkeypatch.setattr(calibration, "add", real_add)
+    worker.feed(dead.items[0])  # the dead letter's item again, scorer fixed
+    assert worker.outcomes("matched") == 3
+    assert calibration.total(worker.group().bins) == 3
+    assert calibration.total(worker.group_of("agent_type", "a").bins) == 3
+
+
+def test_a_message_that_does_not_decode_is_dead_lettered_whole() -> None:
+    worker = _Worker()
+    record = InputRecord("calibration", 0, 0, 1.0, b'{"tenant_id": "t", "items": "not a list"}')
+    records, writes = worker.stage.process([record], worker.load)
+    assert writes == {}
+    (letter,) = records
+    assert orjson.loads(letter.value) == orjson.loads(record.value or b"")
+    assert dict(letter.headers)["__connect.errors.exception.class.name"] == b"ValidationError"
 
 
 def test_a_subject_takes_at_most_its_share_of_outcomes() -> None:
