@@ -22,7 +22,7 @@ from streams.scoring.evidence import CATEGORY_ORDER, EvidenceConfig
 from streams.scoring.response import ResponseConfig
 from streams.scoring.synthesis import SynthesisConfig
 
-__all__ = ["ScoringConfigs", "Settings", "load_settings", "scoring_configs"]
+__all__ = ["ScoringConfigs", "Settings", "configured_bootstrap_servers", "load_settings", "scoring_configs"]
 
 
 class Settings(BaseSettings):
@@ -333,6 +333,21 @@ class Settings(BaseSettings):
     def internal_topics(self) -> tuple[str, ...]:
         """The repartition topics between stages (written and read only by the workers)."""
         return (self.responses_topic, self.claims_topic, self.calibration_topic)
+
+
+class _BrokerAddress(BaseSettings):
+    """`KAFKA_BOOTSTRAP_SERVERS` alone, read as `Settings` reads it: the broker harness needs only it,
+    and must not fail on another setting that would not validate."""
+
+    model_config = Settings.model_config
+    kafka_bootstrap_servers: str = ""
+
+
+def configured_bootstrap_servers() -> str:
+    """`KAFKA_BOOTSTRAP_SERVERS` as the worker reads it (the environment, else `.env`, any case); "" if
+    neither sets it. The harness read the environment only, so a cluster named only in `.env` got a
+    demo on the embedded broker."""
+    return _BrokerAddress().kafka_bootstrap_servers.strip()
 
 
 def load_settings(**overrides: object) -> Settings:

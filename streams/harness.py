@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from streams.config import load_settings
+from streams.config import configured_bootstrap_servers
 
 __all__ = [
     "TANSU_SHA256",
@@ -246,18 +246,6 @@ def _docker_kafka() -> Iterator[RunningBroker]:
         wait_for_kafka(bootstrap, timeout=120)
         log.info("broker: Apache Kafka container %s on %s", KAFKA_IMAGE, bootstrap)
         yield RunningBroker("apache-kafka", bootstrap)
-
-
-def configured_bootstrap_servers() -> str:
-    """`KAFKA_BOOTSTRAP_SERVERS` as the worker reads it (the environment, else `.env`, any case); "" if
-    neither sets it. The harness read the environment only, so a cluster named in `.env` got a demo
-    on the embedded broker instead."""
-    settings = load_settings()
-    return (
-        settings.kafka_bootstrap_servers.strip()
-        if "kafka_bootstrap_servers" in settings.model_fields_set
-        else ""
-    )
 
 
 @contextlib.contextmanager

@@ -314,11 +314,11 @@ def attach_views(
                 (g for g in groups if calibration_group_matches(g, **wanted)),
                 key=lambda g: (g.dimension, g.value, g.kind),
             )
+            if not selected and unreadable:  # they may be what was asked for: not a "no data"
+                error = f"{unreadable} stored calibration group(s) of this tenant cannot be read, see the log"
+                return _json(self.web, {"error": error, "unreadable_groups": unreadable}, 500)
             if not selected:
-                missing: dict[str, object] = {"error": "no calibration data for this tenant and filter"}
-                return _json(
-                    self.web, missing | ({"unreadable_groups": unreadable} if unreadable else {}), 404
-                )
+                return _json(self.web, {"error": "no calibration data for this tenant and filter"}, 404)
             return _json(
                 self.web,
                 {

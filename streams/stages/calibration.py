@@ -356,17 +356,17 @@ class CalibrationStage:
         if ece is None or brier is None:
             return group
         m = self.metrics
-        labels = (
-            m.labels("tenant", group.tenant_id),
-            group.dimension,
-            m.labels(group.dimension, group.value),
-            group.kind,
-        )
-        ece_gauge, brier_gauge = m.child(m.calibration_ece, *labels), m.child(m.calibration_brier, *labels)
 
-        def publish() -> None:  # with the batch, unless this message is dead-lettered
-            ece_gauge.set(ece)
-            brier_gauge.set(brier)
+        def publish() -> None:  # with the batch, unless this item is dead-lettered
+            # Labels too: a capped label takes its place, and a series exists, only once published.
+            labels = (
+                m.labels("tenant", group.tenant_id),
+                group.dimension,
+                m.labels(group.dimension, group.value),
+                group.kind,
+            )
+            m.child(m.calibration_ece, *labels).set(ece)
+            m.child(m.calibration_brier, *labels).set(brier)
             self._exported.add((group.tenant_id, group.dimension, group.value, group.kind), labels)
 
         out.meter(publish)

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from streams.harness import RunningBroker
-from streams.kafka_io import Consumed, produce
+from streams.kafka_io import Consumed, collect, produce
 from streams.scoring import calibration
 from streams.stages.calibration import group_key
 from tests.integration.fixtures import STRONG_COMPOSITE, Deployment, EventFactory, deploy, get_json, poll
@@ -319,6 +319,9 @@ def test_one_calibration_item_that_fails_is_dead_lettered_alone(kafka: RunningBr
             ("model", "good"),
             ("agent_type", "planner"),
         }
+        # Only the unreadable group matches: a 500, not "no calibration data".
+        status, body = view(d, "/calibration/cal-item?model=bad&kind=response")
+        assert status == 500 and body["unreadable_groups"] == 1, body
         # One produce, one trace: one stage-1 batch, so both outcomes travel in one calibration message.
         again = {
             m: f.outcome("t", 2, subject_event_id=r["event_id"], correct=False) for m, r in responses.items()
@@ -334,6 +337,18 @@ def test_one_calibration_item_that_fails_is_dead_lettered_alone(kafka: RunningBr
         assert headers["__connect.errors.exception.class.name"] == b"UndecodableState"
         dead = orjson.loads(letter.value)
         assert [item["outcome"]["event_id"] for item in dead["items"]] == [again["bad"]["event_id"]]
+        # The premise: both outcomes travelled in one message (one producer batch, one stage-1 batch).
+        both = {again["good"]["event_id"], again["bad"]["event_id"]}
+
+        def one_message_with_both(rs: list[Consumed]) -> bool:
+            messages = [orjson.loads(part) for r in rs for part in r.value.split(b"\n")]
+            return any(
+                {i["outcome"]["event_id"] for i in m["items"] if i.get("outcome")} == both for m in messages
+            )
+
+        asyncio.run(
+            collect(kafka.bootstrap_servers, [d.settings.calibration_topic], one_message_with_both, 30)
+        )
         assert second.alive()
     finally:
         d.stop()

@@ -21,5 +21,7 @@ def test_a_cluster_named_in_dotenv_is_the_one_the_harness_uses(
     )
     with broker() as running:  # probed over the network, used as it is
         assert running == RunningBroker("external", kafka.bootstrap_servers)
+    monkeypatch.setenv("TOPIC_PARTITIONS", "many")  # not its business: the worker would refuse it
+    assert configured_bootstrap_servers() == kafka.bootstrap_servers
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "elsewhere:9092")  # the environment wins, as for the worker
     assert configured_bootstrap_servers() == "elsewhere:9092"

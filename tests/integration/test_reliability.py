@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -164,8 +165,7 @@ def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
 
 def _platform_env(kafka: RunningBroker, **extra: str) -> dict[str, str]:
     suffix = f"-p{os.urandom(4).hex()}"
-    workdir = os.path.join("/tmp", f"confidence-platform{suffix}")
-    os.makedirs(workdir, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=f"confidence-platform{suffix}-")  # under pytest's base temp dir
     return worker_env(kafka, suffix, workdir, free_port(), **extra)
 
 

@@ -469,6 +469,8 @@ async def test_a_shutdown_while_a_send_waits_for_its_ack_leaves_no_unretrieved_e
     CancelledError unread, and asyncio logged "exception was never retrieved" for it."""
     reported: list[str] = []
     loop = asyncio.get_running_loop()
+    gc.collect()  # what earlier tests on this loop left is reported to their handler, not this one
+    before = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
     try:
         async with _running(batches=0) as rig:
@@ -482,4 +484,4 @@ async def test_a_shutdown_while_a_send_waits_for_its_ack_leaves_no_unretrieved_e
             gc.collect()  # asyncio reports an unread exception when the future is collected
         assert reported == []
     finally:
-        loop.set_exception_handler(None)
+        loop.set_exception_handler(before)

@@ -150,6 +150,33 @@ def test_an_item_that_fails_half_way_is_dead_lettered_alone_and_leaves_no_count(
     assert calibration.total(worker.group_of("agent_type", "a").bins) == 3
 
 
+def test_an_item_that_fails_after_publishing_a_group_leaves_no_gauge_series(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ECE and Brier series of the group an item counted before failing were created at once (only
+    their values waited for the batch): a dead-lettered item left a series at 0 that nothing removed."""
+    worker = _Worker()
+    worker.feed(_score("r1", 0, model="fresh"))
+    real_add = calibration.add
+    calls: Iterator[int] = iter(range(1_000))
+
+    def add_failing_at_the_agent_type_group(*args: Any) -> dict[int, calibration.BinStats]:
+        if next(calls) == 2:  # the model group's bucket and totals went through, then the agent type's
+            raise RuntimeError("scorer bug")
+        return real_add(*args)
+
+    monkeypatch.setattr(calibration, "add", add_failing_at_the_agent_type_group)
+    records, _ = worker.feed(_outcome("o1", "r1", 1))
+    assert [r.topic for r in records] == [worker.settings.dlq_topic]
+    series = [
+        sample.labels
+        for family in worker.registry.collect()
+        if family.name in ("confidence_calibration_ece", "confidence_calibration_brier")
+        for sample in family.samples
+    ]
+    assert series == []
+
+
 def test_a_message_that_does_not_decode_is_dead_lettered_whole() -> None:
     worker = _Worker()
     record = InputRecord("calibration", 0, 0, 1.0, b'{"tenant_id": "t", "items": "not a list"}')
