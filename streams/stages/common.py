@@ -276,8 +276,6 @@ class Outputs:
             return
         except Rejected as rejected:  # like a decode failure: the DLQ headers and a metric tell, no log
             letter = rejected.letter
-            if dead_value is not None:
-                letter = dataclasses.replace(letter, raw=self._failed_part(record, dead_value).value or b"")
         except Exception as exc:
             log.error(
                 "dead-lettering %s[%d]@%d in the %s: %s",
@@ -287,20 +285,21 @@ class Outputs:
                 stage,
                 type(exc).__name__,
             )
-            failed = record if dead_value is None else self._failed_part(record, dead_value)
-            letter = processing_error(failed, exc, stage)
+            letter = processing_error(record, exc, stage)
+        if dead_value is not None:
+            letter = dataclasses.replace(letter, raw=self._failed_part(record, dead_value))
         del self.records[mark:]
         del self.calibration[calibration_mark:]
         del self.metered[metered_mark:]
         self.dead_letter(letter, record)
 
     @staticmethod
-    def _failed_part(record: InputRecord, dead_value: Callable[[], bytes]) -> InputRecord:
+    def _failed_part(record: InputRecord, dead_value: Callable[[], bytes]) -> bytes:
         try:
-            return dataclasses.replace(record, value=dead_value())
+            return dead_value()
         except Exception:  # never let the dead letter's own encoding fail the records handled before it
             log.exception("dead-lettering %s[%d]@%d whole", record.topic, record.partition, record.offset)
-            return record
+            return record.value or b""
 
     def emit(self, output: dict[str, object], key: bytes, flagged: bool, received_at: float) -> None:
         value = orjson.dumps(output)
