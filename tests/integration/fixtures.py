@@ -103,6 +103,15 @@ def health(port: int, path: str, timeout: float = 2.0) -> tuple[int, dict[str, A
     return get_json(port, path, timeout)
 
 
+def assigned_partitions(port: int) -> int | None:
+    """The partitions a ready worker consumes; None while it is starting (refused) or rebalancing (503)."""
+    try:
+        status, body = health(port, "/readyz", timeout=5)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return int(body["assigned_partitions"]) if status == 200 else None
+
+
 @dataclass
 class Deployment:
     """Private topics and one or more workers sharing a consumer group."""

@@ -17,19 +17,10 @@ import orjson
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
-from tests.integration.fixtures import Deployment, EventFactory, deploy, health, poll
+from tests.integration.fixtures import Deployment, EventFactory, assigned_partitions, deploy, health, poll
 
 TRAFFIC_AROUND_EACH_CHANGE_SECONDS = 4.0  # events keep flowing this long after each membership change
 ENOUGH_EVENTS = 1000  # and at least this many in all
-
-
-def _assigned_partitions(port: int) -> int | None:
-    """None while the worker is starting (refused) or rebalancing (503)."""
-    try:
-        status, body = health(port, "/readyz", timeout=5)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return int(body["assigned_partitions"]) if status == 200 else None
 
 
 def _readyz(port: int) -> str:
@@ -90,10 +81,10 @@ def test_events_flowing_while_workers_leave_and_join_are_all_scored(kafka: Runni
     port = d.web_ports[0]  # the worker that stays throughout
 
     def owned() -> int:
-        return _assigned_partitions(port) or 0
+        return assigned_partitions(port) or 0
 
     try:
-        _wait_until("both workers own a share", lambda: None not in map(_assigned_partitions, d.web_ports), d)
+        _wait_until("both workers own a share", lambda: None not in map(assigned_partitions, d.web_ports), d)
         shared = owned()
         with Trickle(d) as trickle:
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)

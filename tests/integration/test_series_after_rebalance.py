@@ -13,7 +13,7 @@ from collections.abc import Callable
 from streams.harness import RunningBroker
 from streams.stages.common import key_partition, tenant_partition
 from streams.state import table_key
-from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy, health, poll
+from tests.integration.fixtures import Deployment, EventFactory, assigned_partitions, count_of, deploy, poll
 from tests.integration.workload import scrape
 
 PARTITIONS = 2
@@ -63,11 +63,7 @@ def _traffic(d: Deployment, minutes: float) -> None:
 
 
 def _ready(port: int) -> bool:
-    try:
-        status, body = health(port, "/readyz", timeout=5)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return status == 200 and int(body["assigned_partitions"] or 0) > 0
+    return (assigned_partitions(port) or 0) > 0
 
 
 def test_series_of_partitions_that_moved_away_leave_the_old_owner(kafka: RunningBroker) -> None:
