@@ -308,3 +308,32 @@ def test_an_other_series_leaves_with_the_last_group_sharing_it() -> None:
     assert models() == {"m"}
     worker.stage.forget_groups_outside(set())  # the tenant's partition moved away
     assert models() == set()
+
+
+def test_the_same_items_give_the_same_tables_and_outputs_in_one_message_or_one_each() -> None:
+    """Items are applied one by one now: how upstream bundled them must not change what they make."""
+    items = [
+        _score("r1", 0),
+        _outcome("o1", "r1", 1),
+        _outcome("o2", "r2", 2, correct=False),  # waits for its score
+        _score("r2", 3, score=0.3, model="m2"),
+        _outcome("o1", "r1", 4),  # a duplicate
+        _score("r1", 5, score=0.6),  # a newer score for r1
+        _outcome("o3", "r1", 6),
+    ]
+
+    def run(bundles: list[list[CalibrationItem]]) -> tuple[dict[bytes, BaseModel], list[Any]]:
+        worker = _Worker(calibration_min_samples=1, calibration_update_min_interval_minutes=0)
+        outputs = []
+        for bundle in bundles:
+            records, _ = worker.feed(*bundle)
+            outputs += [{k: v for k, v in orjson.loads(r.value).items() if k != "scored_at"} for r in records]
+        return worker.tables, outputs
+
+    together = run([items])
+    assert together == run([[item] for item in items])
+    assert together == run([items[:3], items[3:]])
+    tables, outputs = together
+    assert {o["event_type"] for o in outputs} == {"CALIBRATION_UPDATED"}
+    group = tables[group_key(TENANT, "model", "m", "response")]
+    assert isinstance(group, GroupCalibration) and calibration.total(group.bins) == 2  # o1 once, and o3
