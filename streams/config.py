@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     # the response text and a dead letter the input (capped here) plus its headers.
     max_event_bytes: int = Field(1_000_000, ge=1024, description="Larger records are dead-lettered.")
     max_array_items: int = Field(100_000, ge=1, description="Longest accepted list in an event.")
+    # The backstop for what the input bounds cannot see: the size of what an input makes (stages/common).
+    # The default leaves room under Apache Kafka's 1,048,588 bytes for a record's framing and headers.
+    max_record_bytes: int = Field(
+        1_040_000,
+        ge=16_384,
+        description="An input whose output or internal message (key and value, one record) would be "
+        "larger is dead-lettered (reason oversized_output).",
+    )
 
     # --- Seed 003: per-response logprob confidence --------------------------------------------------
     confidence_enabled: bool = True

@@ -32,6 +32,7 @@ Reason = Literal[
     "trace_state_full",
     "claim_node_full",
     "claim_graph_too_complex",
+    "oversized_output",
 ]
 
 LOGPROBS_KEY = "token_logprobs"

@@ -295,7 +295,7 @@ class TraceStage:
     def _send_pending(self, pending: PendingResponse, out: Outputs) -> None:
         key = table_key(pending.event.tenant_id, pending.event.agent_name)
         partition = key_partition(key, self.settings.topic_partitions)  # the key's, as Kafka would pick
-        out.records.append(
+        out.forward(
             Record(
                 self.settings.responses_topic, key, pending.model_dump_json().encode(), partition=partition
             )
@@ -325,7 +325,7 @@ class TraceStage:
         arrived = claim_graph.ClaimArrived(
             definition=claim_definition(event), source_event_id=event.event_id, event_time=event.timestamp
         )
-        out.records.append(claim_message(self.settings, event.tenant_id, arrived, record))
+        out.forward(claim_message(self.settings, event.tenant_id, arrived, record))
 
     def _forward(
         self,

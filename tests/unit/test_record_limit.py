@@ -26,7 +26,8 @@ from streams.config import load_settings, scoring_configs
 from streams.events import ID_MAX_CHARS
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
 from streams.stages.common import unbundle
-from streams.state import HistoryHour, table_key
+from streams.state import HistoryHour, TraceState, table_key
+from tests.unit import stage_records
 
 KAFKA_DEFAULT_LIMIT = 1_048_588 - 61 - 64  # the batch header, and a record's own framing (generous)
 SETTINGS = load_settings()
@@ -217,3 +218,94 @@ def test_a_batch_of_many_scores_with_long_ids_sends_calibration_in_records_under
     assert max(_size(r) for r in calibration) <= SETTINGS.producer_max_batch_bytes + 1_000
     items = [i for r in calibration for part in r.value.split(b"\n") for i in orjson.loads(part)["items"]]
     assert len(items) == 500  # a TRACE_SCORED subject per tool call, none lost in the split
+
+
+def _reasons(records: list[Record]) -> dict[str, bytes]:
+    """Input event id -> reason, of the dead letters of inputs (of stage 1)."""
+    return {
+        orjson.loads(r.value)["event_id"]: dict(r.headers or [])["__connect.errors.reason"]
+        for r in records
+        if r.topic == SETTINGS.dlq_topic
+    }
+
+
+def _traces_remembering(records: list[Record]) -> set[str]:
+    """The input event ids the trace states written remember as applied."""
+    return {
+        event_id
+        for r in records
+        if r.topic == "traces-changelog"
+        for event_id in TraceState.model_validate_json(r.value).remembered
+    }
+
+
+LIST_EXPANDING = {
+    # 16 bytes each in the input, 36 in the internal message (defaults written): 1.9 MB in all.
+    "retrieval hits": {
+        **BASE,
+        "event_id": "hits",
+        "event_type": "LLM_RESPONSE",
+        "request_id": "r",
+        "model": "m",
+        "endpoint": "/v1",
+        "response": "an answer",
+        "retrieval": [{"similarity": 0}] * 58_000,
+    },
+    # 38 bytes each in the input, 57 in the internal message (its `source_id`): 1.5 MB in all.
+    "provenance entries": {
+        **_claim("hits", BASE),
+        "provenance": [{"source_type": "a", "confidence": 0}] * 28_000,
+    },
+}
+
+
+@pytest.mark.parametrize("name", LIST_EXPANDING)
+def test_an_input_whose_message_to_a_later_stage_would_pass_the_limit_is_dead_lettered(name: str) -> None:
+    """MAX_EVENT_BYTES bounds the input, not what it becomes: a list's entries gain their defaults in the
+    internal message. Such an input is dead-lettered (`oversized_output`) and changes nothing; the
+    trace's next input is scored."""
+    event = LIST_EXPANDING[name]
+    raw = orjson.dumps(event)
+    assert len(raw) <= SETTINGS.max_event_bytes and len(
+        event.get("retrieval") or event.get("provenance")
+    ) <= (SETTINGS.max_array_items)  # a valid input
+    after = {**BASE, "event_id": "after", "event_type": "TOOL_INVOCATION", "tool": "read", "target": "f"}
+    after |= {"status": "ok", "result_count": 1}
+    records = _all_records([raw, orjson.dumps(after)])
+    largest = max(records, key=_size)
+    assert _size(largest) <= KAFKA_DEFAULT_LIMIT, f"{_size(largest)} bytes to {largest.topic}"
+    assert _reasons(records) == {"hits": b"oversized_output"}
+    assert _traces_remembering(records) == {"after"}
+    assert [o["source_event_id"] for o in stage_records.scored(records)] == ["after"]
+
+
+def test_a_synthesis_whose_output_would_pass_the_limit_is_dead_lettered() -> None:
+    """50 claims with the longest ids, contradicting each other in pairs, and 13 sub-calls: the
+    SYNTHESIS_SCORED lists every conflict, 1.3 MB. As the trace's 64th input its remembered output is
+    compressed into a block, so the trace-state bound does not see it; the record size does."""
+    claims = [
+        {
+            **_claim("c" * (ID_MAX_CHARS - 4) + f"{i:04d}", BASE),
+            "event_id": f"claim-{i}",
+            "statement": "service returns nil" if i % 2 else "service never returns nil",
+        }
+        for i in range(50)
+    ]
+    response = {**BASE, "event_type": "LLM_RESPONSE", "request_id": "r", "model": "m", "endpoint": "/v1"}
+    subs = [
+        {
+            **response,
+            "event_id": f"sub-{i}",
+            "role": "sub_call",
+            "sub_call_id": f"s{i}",
+            "response": "a result",
+        }
+        for i in range(13)
+    ]
+    synthesis = {**response, "event_id": "synthesis", "role": "synthesis", "response": "the synthesis"}
+    records = _all_records([orjson.dumps(e) for e in [*claims, *subs, synthesis]])
+    largest = max(records, key=_size)
+    assert _size(largest) <= KAFKA_DEFAULT_LIMIT, f"{_size(largest)} bytes to {largest.topic}"
+    assert _reasons(records) == {"synthesis": b"oversized_output"}
+    assert "synthesis" not in _traces_remembering(records)
+    assert {o["event_type"] for o in stage_records.scored(records)} == {"CLAIM_SCORED", "RESPONSE_SCORED"}
