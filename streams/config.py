@@ -25,11 +25,24 @@ from streams.scoring.synthesis import SynthesisConfig
 __all__ = ["ScoringConfigs", "Settings", "configured_bootstrap_servers", "load_settings", "scoring_configs"]
 
 
+# Spans of event time are added to event times (years 1900-8999, streams/events.py): a TTL of `inf`
+# ("never expire") or 1e9 hours overflowed a datetime on the first write and stopped the worker on
+# every restart. A century is beyond any retention and still leaves the year 9999 out of reach.
+SPAN_MAX_HOURS = 100 * 8766
+
+
 class Settings(BaseSettings):
     """All configuration; build it once with :func:`load_settings` and pass it down."""
 
+    # allow_inf_nan=False: `inf` and `nan` pass every `gt`/`le` check of a float setting and broke the
+    # worker later (a TTL's datetime overflow, a timeout that never fires); refused at start instead.
     model_config = SettingsConfigDict(
-        env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True, case_sensitive=False
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+        allow_inf_nan=False,
     )
 
     # --- Kafka and Faust -------------------------------------------------------------------------
@@ -111,8 +124,10 @@ class Settings(BaseSettings):
 
     # --- Seed 004: composite and agent history -------------------------------------------------------
     composite_default_threshold: float = Field(0.75, ge=0.0, le=1.0)
-    history_window_hours: float = Field(24.0, gt=0)
-    history_retention_hours: float = Field(168.0, gt=0, description="Agent history kept for statistics.")
+    history_window_hours: float = Field(24.0, gt=0, le=SPAN_MAX_HOURS)
+    history_retention_hours: float = Field(
+        168.0, gt=0, le=SPAN_MAX_HOURS, description="Agent history kept for statistics."
+    )
     # An hour of one agent's entries is stored as chunks of at most this many bytes (a chunk holds at
     # least one entry), so a busy agent's hour never makes a record over the broker's limit and a
     # response rewrites one chunk, not its whole hour.
@@ -132,10 +147,10 @@ class Settings(BaseSettings):
     claims_boost_factor: float = Field(0.1, ge=0.0)
     claims_penalty_factor: float = Field(0.2, ge=0.0)
     claims_diversity_max_types: int = Field(3, ge=1)
-    staleness_half_life_ephemeral_hours: float = Field(4.0, gt=0)
-    staleness_half_life_task_hours: float = Field(72.0, gt=0)
-    staleness_half_life_project_hours: float = Field(672.0, gt=0)
-    staleness_half_life_persistent_hours: float = Field(4380.0, gt=0)
+    staleness_half_life_ephemeral_hours: float = Field(4.0, gt=0, le=SPAN_MAX_HOURS)
+    staleness_half_life_task_hours: float = Field(72.0, gt=0, le=SPAN_MAX_HOURS)
+    staleness_half_life_project_hours: float = Field(672.0, gt=0, le=SPAN_MAX_HOURS)
+    staleness_half_life_persistent_hours: float = Field(4380.0, gt=0, le=SPAN_MAX_HOURS)
 
     # --- Seed 000: synthesis ----------------------------------------------------------------------
     synthesis_min_confidence: float = Field(0.3, ge=0.0, le=1.0)
@@ -143,7 +158,9 @@ class Settings(BaseSettings):
     synthesis_max_claims: int = Field(50, ge=1)
 
     # --- State lifetime (event time) --------------------------------------------------------------
-    trace_ttl_hours: float = Field(24.0, gt=0, description="Per-trace state expires after this idle time.")
+    trace_ttl_hours: float = Field(
+        24.0, gt=0, le=SPAN_MAX_HOURS, description="Per-trace state expires after this idle time."
+    )
     # A trace's state is one table value, written whole to its changelog; Apache Kafka refuses a record
     # over the topic's max.message.bytes (1 MB by default), which would stop the worker on that trace
     # after every restart. Half of that leaves room for the batch between two exact checks (stages/trace).
@@ -153,7 +170,9 @@ class Settings(BaseSettings):
         description="An input that would grow its trace's encoded state past this is dead-lettered "
         "(reason trace_state_full).",
     )
-    claim_ttl_days: float = Field(30.0, gt=0, description="Claims expire this long after their last update.")
+    claim_ttl_days: float = Field(
+        30.0, gt=0, le=SPAN_MAX_HOURS / 24, description="Claims expire this long after their last update."
+    )
     # A claim's node keeps an entry per claim that supports, contradicts or derives from it, and is one
     # changelog record too. The default leaves room below Apache Kafka's 1,048,588 bytes for a record's
     # framing and for the node of a claim as large as MAX_EVENT_BYTES allows.
@@ -172,7 +191,10 @@ class Settings(BaseSettings):
         "this long after a partition's first event.",
     )
     event_time_max_ahead_hours: float = Field(
-        1.0, gt=0, description="Expiry clocks never run further ahead of the wall clock than this."
+        1.0,
+        gt=0,
+        le=SPAN_MAX_HOURS,
+        description="Expiry clocks never run further ahead of the wall clock than this.",
     )
 
     # Input alignment (streams/alignment.py). Keep it above event_time_max_ahead_hours: a producer
@@ -180,6 +202,7 @@ class Settings(BaseSettings):
     input_alignment_max_lead_hours: float = Field(
         2.0,
         ge=0,
+        le=SPAN_MAX_HOURS,
         description="An input partition whose event time runs this far ahead of the slowest one still "
         "delivering is paused until that one catches up; 0 turns alignment off.",
     )
@@ -224,13 +247,19 @@ class Settings(BaseSettings):
     )
     # Counted in whole hours (hourly buckets): a window under one hour would hold no bucket at all.
     calibration_window_hours: float = Field(
-        168.0, ge=1, description="Sliding event-time window of outcomes (at least 1)."
+        168.0, ge=1, le=SPAN_MAX_HOURS, description="Sliding event-time window of outcomes (at least 1)."
     )
     calibration_join_window_hours: float = Field(
-        168.0, gt=0, description="How long a score is kept for outcomes to join (event time)."
+        168.0,
+        gt=0,
+        le=SPAN_MAX_HOURS,
+        description="How long a score is kept for outcomes to join (event time).",
     )
     calibration_outcome_wait_hours: float = Field(
-        1.0, gt=0, description="How long an outcome waits for its score before it counts as unmatched."
+        1.0,
+        gt=0,
+        le=SPAN_MAX_HOURS,
+        description="How long an outcome waits for its score before it counts as unmatched.",
     )
     # A subject's entry (its score, the outcomes applied to it, those waiting for it) is one changelog
     # record: with ids at their longest (ID_MAX_CHARS of 4-byte characters) 48 waiting outcomes stay
@@ -247,7 +276,10 @@ class Settings(BaseSettings):
         0.02, ge=0, le=1, description="ECE move that emits CALIBRATION_UPDATED."
     )
     calibration_update_min_interval_minutes: float = Field(
-        10.0, ge=0, description="At most one CALIBRATION_UPDATED per group per this much event time."
+        10.0,
+        ge=0,
+        le=SPAN_MAX_HOURS * 60,
+        description="At most one CALIBRATION_UPDATED per group per this much event time.",
     )
     calibration_ece_alert: float = Field(
         0.1, ge=0, le=1, description="ECE at or above this copies CALIBRATION_UPDATED to flagged-events."

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import random
 import shlex
 import socket
+from datetime import timedelta
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from streams import schemas
+from streams import metrics, schemas
 from streams.cli import main
-from streams.config import Settings, load_settings
+from streams.config import SPAN_MAX_HOURS, Settings, load_settings, scoring_configs
+from streams.events import TIMESTAMP_MAX, TIMESTAMP_MIN
+from streams.stages import TraceStage
+from streams.state import TraceState
+from tests.unit.test_history_stage import Responses
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -49,6 +56,55 @@ def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name
     with pytest.raises(ValidationError) as err:
         load_settings()
     assert name.lower() in str(err.value).lower()
+
+
+FLOAT_SETTINGS = sorted(name for name, field in Settings.model_fields.items() if field.annotation is float)
+# Spans of event time: added to or subtracted from event times (years 1900-8999).
+SPAN_SETTINGS = sorted(
+    name
+    for name in FLOAT_SETTINGS
+    if name.endswith(("_hours", "_days", "_minutes")) and name != "input_alignment_max_hold_seconds"
+)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """`TRACE_TTL_HOURS=inf` ("never expire") passed `gt=0` and overflowed a datetime on the first
+    trace written, stopping the worker on every restart; every float setting refuses it at start."""
+    monkeypatch.setenv(name.upper(), value)
+    with pytest.raises(ValidationError) as err:
+        load_settings()
+    assert name in str(err.value)
+
+
+@pytest.mark.parametrize("name", SPAN_SETTINGS)
+def test_event_time_spans_are_bounded_to_a_century(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    unit = {"hours": 1.0, "days": 24.0, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
+    longest = SPAN_MAX_HOURS / unit
+    monkeypatch.setenv("HISTORY_RETENTION_HOURS", str(SPAN_MAX_HOURS))  # at least the history window
+    monkeypatch.setenv(name.upper(), str(longest))
+    assert getattr(load_settings(), name) == longest
+    monkeypatch.setenv(name.upper(), str(longest * 1.01))
+    with pytest.raises(ValidationError):
+        load_settings()
+
+
+def test_the_longest_spans_work_on_the_extreme_event_times() -> None:
+    """With every span at its longest, a trace's expiry and an agent's retention on events of the years
+    1900 and 8999 compute (the worker stopped on `inf`: datetime overflow)."""
+    longest = {
+        name: SPAN_MAX_HOURS / {"hours": 1, "days": 24, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
+        for name in SPAN_SETTINGS
+    }
+    settings = load_settings(**longest)
+    for when in (TIMESTAMP_MIN, TIMESTAMP_MAX - timedelta(seconds=1)):
+        responses = Responses(settings, random.Random(0))
+        scored = responses.score("e1", when, good=True)
+        assert scored["event_type"] == "RESPONSE_SCORED"
+        state = TraceState(tenant_id="t", trace_id="x", partition=0, last_event_time=when)
+        stage = TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+        assert stage.sweep_after(b"", state)[1] > when
 
 
 def test_schemas_are_current() -> None:
