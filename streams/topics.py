@@ -47,7 +47,12 @@ def topic_specs(settings: Settings, changelogs: Iterable[str] = ()) -> list[NewT
     partitions, replication = settings.topic_partitions, settings.topic_replication_factor
     specs = [
         NewTopic(
-            name, partitions, replication, topic_configs={"retention.ms": str(settings.input_retention_ms)}
+            name,
+            partitions,
+            replication,
+            # `delete` named, not left to the broker's default: a compacted input keeps each key's
+            # latest record (and its raw logprobs) whatever its retention.
+            topic_configs={"retention.ms": str(settings.input_retention_ms), "cleanup.policy": "delete"},
         )
         for name in settings.input_topic_names
     ]
@@ -89,25 +94,42 @@ def config_warnings(
     """What is wrong with the configs of topics that already existed (created by someone else).
 
     Warnings, not errors: a longer input retention may be on purpose (replay), but it keeps raw
-    logprobs on the broker; a changelog that is not compacted loses table state past its retention.
+    logprobs on the broker, and a compacted input keeps each key's latest record for good; a shorter
+    one can delete records input alignment holds back (up to half INPUT_RETENTION_MS); a changelog that
+    is not compacted, or also deletes, loses table state past its retention.
     """
     warnings = []
     for name in settings.input_topic_names:
         if name not in configs:
             continue
         retention = configs[name].get("retention.ms")
+        policy = configs[name].get("cleanup.policy", "delete")
         if retention is None or int(retention) < 0 or int(retention) > settings.input_retention_ms:
             kept = "the broker's default" if retention is None else f"retention.ms={retention}"
             warnings.append(
                 f"input topic {name} keeps records for {kept}, longer than INPUT_RETENTION_MS="
                 f"{settings.input_retention_ms}: raw token logprobs stay on the broker that long"
             )
-    for name in changelogs:
-        policy = configs.get(name, {}).get("cleanup.policy")
-        if name in configs and (policy is None or "compact" not in policy):
+        elif int(retention) < settings.input_retention_ms:
             warnings.append(
-                f"changelog topic {name} has cleanup.policy={policy or 'the broker default'}, not compact: "
-                "table state older than its retention is lost when a worker restores"
+                f"input topic {name} keeps records for retention.ms={retention}, shorter than "
+                f"INPUT_RETENTION_MS={settings.input_retention_ms}: input alignment may hold a partition "
+                "back longer than its records live (set INPUT_RETENTION_MS to the topic's)"
+            )
+        if "compact" in policy:
+            warnings.append(
+                f"input topic {name} has cleanup.policy={policy}: compaction keeps each key's latest "
+                "record, raw token logprobs included, whatever its retention"
+            )
+    for name in changelogs:
+        if name not in configs:
+            continue
+        policy = configs[name].get("cleanup.policy")
+        deletes = policy is not None and "delete" in policy and configs[name].get("retention.ms") != "-1"
+        if policy is None or "compact" not in policy or deletes:
+            warnings.append(
+                f"changelog topic {name} has cleanup.policy={policy or 'the broker default'}, not compact "
+                "alone: table state older than its retention is lost when a worker restores"
             )
     return warnings
 

@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from streams.config import Settings
 from streams.demo import encode
 from streams.describe import TopicState, describe_topics
 from streams.harness import RunningBroker
+from streams.topics import topic_configs
 from tests.integration.fixtures import EventFactory, deploy
 
 
@@ -106,6 +107,37 @@ def test_topics_create_names_an_input_topic_someone_else_created_without_short_r
     assert done.returncode == 0, done.stderr
     assert f"input topic in-{suffix} keeps records for" in done.stderr
     assert "raw token logprobs" in done.stderr
+
+
+def test_topics_create_names_a_compacted_input_topic_and_creates_inputs_with_delete(
+    kafka: RunningBroker,
+) -> None:
+    """A compacted input keeps each trace's latest record, raw logprobs included, whatever its retention:
+    said, though its retention is short. The input topics this command creates say `delete` themselves."""
+    suffix = uuid.uuid4().hex[:6]
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "APP_ID": f"compacted-{suffix}"}
+    env["INPUT_TOPICS"] = f"in-{suffix},fresh-{suffix}"
+    compacted = {"cleanup.policy": "compact", "retention.ms": "3600000"}
+    env["INPUT_RETENTION_MS"] = compacted["retention.ms"]
+
+    async def admin_call(call: Callable[[AIOKafkaAdminClient], Awaitable[Any]]) -> Any:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            return await call(admin)
+        finally:
+            await admin.close()
+
+    asyncio.run(
+        admin_call(lambda a: a.create_topics([NewTopic(f"in-{suffix}", 4, 1, topic_configs=compacted)]))
+    )
+    done = _topics_create(env)
+    assert done.returncode == 0, done.stderr
+    assert f"input topic in-{suffix} has cleanup.policy=compact" in done.stderr
+    assert f"input topic fresh-{suffix}" not in done.stderr
+    configs = asyncio.run(admin_call(lambda a: topic_configs(a, [f"in-{suffix}", f"fresh-{suffix}"])))
+    assert configs[f"in-{suffix}"].get("cleanup.policy") == "compact"  # the premise: the broker kept it
+    assert configs[f"fresh-{suffix}"].get("cleanup.policy") == "delete"
 
 
 async def _produce_one_by_one(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> Counter[int]:

@@ -11,7 +11,7 @@ from aiokafka.admin import NewTopic
 
 import streams.topics
 from streams.config import load_settings
-from streams.topics import TopicNotCreated, config_warnings, create_topics, ensure_topics
+from streams.topics import TopicNotCreated, config_warnings, create_topics, ensure_topics, topic_specs
 
 SETTINGS = load_settings()
 
@@ -79,5 +79,35 @@ def test_existing_topics_with_a_longer_input_retention_or_an_uncompacted_changel
     assert config_warnings(settings, [], {"in": {}})[0].startswith(
         "input topic in keeps records for the broker's"
     )
-    assert config_warnings(settings, [], {"in": {"retention.ms": "60000"}}) == []
+    assert config_warnings(settings, [], {"in": {"retention.ms": "3600000"}}) == []
     assert config_warnings(settings, [], {"in": {"retention.ms": "-1"}}) != []  # -1: for ever
+
+
+def test_an_input_topic_that_compacts_or_keeps_records_less_long_and_a_changelog_that_deletes_are_named() -> (
+    None
+):
+    """Found in review: a compacted input kept each key's latest record (raw logprobs) for good and
+    passed, as did a changelog with cleanup.policy=compact,delete (state lost past 7 days); an input
+    kept 2 minutes let input alignment hold a partition back for up to 30 minutes."""
+    settings = load_settings(input_topics="in", input_retention_ms=3_600_000)
+    (compacted,) = config_warnings(
+        settings, [], {"in": {"retention.ms": "3600000", "cleanup.policy": "compact"}}
+    )
+    assert compacted.startswith("input topic in has cleanup.policy=compact") and "logprobs" in compacted
+    (short,) = config_warnings(settings, [], {"in": {"retention.ms": "120000"}})
+    assert short.startswith("input topic in keeps records for retention.ms=120000, shorter than")
+    (deleting,) = config_warnings(
+        settings, ["c"], {"c": {"cleanup.policy": "compact,delete", "retention.ms": "604800000"}}
+    )
+    assert deleting.startswith("changelog topic c has cleanup.policy=compact,delete, not compact alone")
+    assert (
+        config_warnings(settings, ["c"], {"c": {"cleanup.policy": "compact,delete", "retention.ms": "-1"}})
+        == []
+    )
+
+
+def test_input_topics_are_created_with_the_delete_policy() -> None:
+    """Named, not left to the broker's default (which may be compact)."""
+    settings = load_settings(input_topics="in,other")
+    specs = {spec.name: spec.topic_configs for spec in topic_specs(settings)}
+    assert specs["in"]["cleanup.policy"] == specs["other"]["cleanup.policy"] == "delete"
