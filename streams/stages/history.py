@@ -403,7 +403,10 @@ class AgentStage:
         bounded = self.clock.bounded(when)
         newest = bounded if agent.summary.newest is None else max(agent.summary.newest, bounded)
         horizon = newest - retention
-        if when >= horizon:  # an older response is scored, not kept (it would be pruned at once)
+        # An older response is scored, not kept (it would be pruned at once). So is one dated past the
+        # clock's bound: retention counts back from `newest`, so its hour would never leave, and each
+        # such hour made the summary (one changelog record) longer for good.
+        if horizon <= when <= bounded:
             agent.add(
                 HistoryEntry(
                     event_id=event.event_id,

@@ -339,6 +339,28 @@ def test_a_far_future_response_does_not_drop_the_agents_history() -> None:
     assert summary.newest is not None and summary.newest <= datetime.now(UTC) + timedelta(hours=1, minutes=1)
 
 
+def test_far_future_responses_are_scored_not_kept() -> None:
+    """Found in review: each response dated in a distinct far-future hour added an hour to the agent's
+    summary that retention (counted back from the bounded newest time) never dropped, so one agent's
+    summary, one changelog record, grew without bound. Such a response is scored, not kept."""
+    responses = Responses(load_settings(), random.Random(3))
+    now = datetime.now(UTC)
+    responses.score("now", now, good=True)
+    future = [
+        responses.score(f"future-{i}", now.replace(year=2100) + timedelta(hours=i), good=False)
+        for i in range(200)
+    ]
+    assert all(s["event_type"] == "RESPONSE_SCORED" for s in future)
+    # Scored on the window before each one's own time, which holds no kept response: seed 004's 0.5
+    # (had the failing ones been kept, the later ones would count them: 0.0).
+    assert {s["composite"]["factors"]["agent_history"] for s in future} == {0.5}  # type: ignore[index]
+    (summary,) = responses.tables.summary.values()
+    assert sum(counts.total for counts in summary.hours) == 1
+    assert len(responses.tables.hours) == 1
+    later = responses.score("later", now + timedelta(minutes=1), good=True)
+    assert later["composite"]["factors"]["agent_history"] == 1.0  # type: ignore[index]
+
+
 def test_an_agent_silent_past_the_retention_expires_with_every_chunk() -> None:
     """Agent names need not be a fixed set (one per instance): a silent agent's summary and chunks
     stayed for ever, since only its own next response dropped old hours."""
