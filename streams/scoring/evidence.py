@@ -172,9 +172,12 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             if factors >= 1:
                 added_to = _join(changes, "discovery_targets", state.discovery_targets, target, "discovery")
         elif category == "verification":
-            passed = inv.tests_passed if tool == "ctest" else inv.build_passed
+            # ctest runs tests and cmake builds; a tool mapped here by configuration (pytest, make) is a
+            # test run when it reports `tests_passed`, else a build (its failed tests scored as a build).
+            is_test = tool == "ctest" or (tool != "cmake" and inv.tests_passed is not None)
+            passed = inv.tests_passed if is_test else inv.build_passed
             passed = True if passed is None else passed
-            changes["tests_latest" if tool == "ctest" else "build_latest"] = passed
+            changes["tests_latest" if is_test else "build_latest"] = passed
             if passed:
                 added_to = _join(
                     changes, "verification_targets", state.verification_targets, target, "verification"

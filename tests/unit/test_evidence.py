@@ -94,6 +94,29 @@ def test_category_table(calls: list[Any], category: str, expected: float) -> Non
     assert run(*calls).categories[category] == pytest.approx(expected)
 
 
+MAPPED = EvidenceConfig(
+    tool_categories={**CFG.tool_categories, "pytest": "verification", "make": "verification"}
+)
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        ([("pytest", "all", {"tests_passed": False})], 0.30),  # scored 0.80 (a passed build) before
+        ([("make", "all", {"build_passed": True}), ("pytest", "all", {"tests_passed": True})], 0.93),
+        ([("make", "all", {"build_passed": False})], 0.15),
+        ([("pytest", "all", {"tests_passed": True}), ("make", "all", {"build_passed": False})], 0.15),
+        ([("make", "all")], 0.80),  # no outcome field: a build that passed, as cmake's
+    ],
+)
+def test_a_tool_mapped_to_verification_is_a_test_run_when_it_reports_tests(
+    calls: list[Any], expected: float
+) -> None:
+    """DESIGN lets the tool mapping change; only ctest's `tests_passed` was read, so a failed pytest run
+    mapped to verification scored as a passed build."""
+    assert run(*calls, cfg=MAPPED).categories["verification"] == pytest.approx(expected)
+
+
 @pytest.mark.parametrize(
     "calls",
     [
