@@ -322,24 +322,45 @@ def _touch(node: ClaimNode | None, when: datetime) -> ClaimNode:
 
 
 def _reindex(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition, when: datetime) -> None:
-    """Point the reverse index of every old and new neighbour at X's new version."""
+    """Point the reverse index of every old and new neighbour at X's new version, and keep the nodes X
+    points at alive as long as X (touched at `when`).
+
+    A neighbour's node holds X's edge towards it (or X in its `derived_by`). Refreshed only when the
+    edge changed, a neighbour (a stub, or a claim not re-sent) expired while X, re-sent with the same
+    edges, lived on: the edge was lost with it, so a target that arrived later took no support from X
+    and a contradiction became one-sided. Now X's every version touches the nodes it points at (a node
+    already touched at `when` or later is left alone), and puts back an edge an expired node lost.
+    """
     me = new.claim_id
     old_edges, new_edges = _edges_by_target(old), _edges_by_target(new)
     for target in sorted(old_edges.keys() | new_edges.keys()):
-        if old_edges.get(target) == new_edges.get(target):
+        stored = graph.get(target)
+        if target in new_edges:
+            if stored is not None and stored.incoming.get(me) == new_edges[target] and _fresh(stored, when):
+                continue
+        elif stored is None or me not in stored.incoming:
             continue
-        node = _touch(graph.get(target), when)
+        node = _touch(stored, when)
         incoming = {k: v for k, v in node.incoming.items() if k != me}
         if target in new_edges:
             incoming[me] = new_edges[target]
         graph.put(target, node.model_copy(update={"incoming": incoming}))
-    old_parts, new_parts = _constituents(old), _constituents(new)
-    for part in sorted(old_parts ^ new_parts):
-        node = _touch(graph.get(part), when)
+    new_parts = _constituents(new)
+    for part in sorted(_constituents(old) | new_parts):
+        stored = graph.get(part)
+        listed = stored is not None and me in stored.derived_by
+        if (part in new_parts and listed and _fresh(stored, when)) or (part not in new_parts and not listed):
+            continue
+        node = _touch(stored, when)
         derived_by = set(node.derived_by) - {me}
         if part in new_parts:
             derived_by.add(me)
         graph.put(part, node.model_copy(update={"derived_by": tuple(sorted(derived_by))}))
+
+
+def _fresh(node: ClaimNode | None, when: datetime) -> bool:
+    """The node was touched at `when` or later: it lives at least as long as a node touched at `when`."""
+    return node is not None and node.last_event_time is not None and node.last_event_time >= when
 
 
 def _affected(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition) -> list[str]:

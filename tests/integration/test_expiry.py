@@ -111,21 +111,23 @@ def test_state_expires_per_partition_and_a_future_dated_event_cannot_wipe_it(kaf
 
 
 def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
-    """CLAIM_TTL_DAYS after its last update a claim leaves the table; a stub (a target that never
-    arrives) ages by the event time it hears and leaves too; a claim still referenced is re-scored
-    without the expired neighbour."""
+    """CLAIM_TTL_DAYS after its last update a claim leaves the table, as does a stub (a target that
+    never arrives); a claim or stub that a live claim points at lives as long as that claim, since its
+    node holds the live claim's edge (a claim re-sent with the same relationships outlived its target's
+    node and lost the edge: a contradiction became one-sided, found by review)."""
     d = deploy(
         kafka,
         partitions=2,
         CLAIM_TTL_DAYS="1",
         SWEEP_INTERVAL_SECONDS="0.5",
         EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
-        EVENT_TIME_MAX_AHEAD_HOURS="1000000",
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
     )
     d.start_worker()
     try:
         f = EventFactory(tenant="claim-ttl")
         old = f.claim("ct-trace", "old", minutes=0)
+        lonely = f.claim("ct-trace", "lonely", minutes=0)
         pointing = f.claim(
             "ct-trace",
             "pointing",
@@ -135,22 +137,29 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
                 {"type": "supports", "target": "never-arrives", "strength": 0.5},
             ],
         )
-        d.produce([old, pointing])
-        d.collect(
-            count_of("CLAIM_SCORED", 3, d.settings.scored_topic, {old["event_id"], pointing["event_id"]})
-        )
+        first = {old["event_id"], lonely["event_id"], pointing["event_id"]}
+        d.produce([old, lonely, pointing])
+        d.collect(count_of("CLAIM_SCORED", 4, d.settings.scored_topic, first))
         port = d.web_ports[0]
-        _wait_for_status(port, "/claims/claim-ttl/old", 200, "the old claim never stored")
+        _wait_for_status(port, "/claims/claim-ttl/lonely", 200, "the lonely claim never stored")
         # Two days later in event time, "pointing" is updated (a new version, same relationships):
-        # "old" (last updated at minute 0) is now past its 1-day TTL and is swept; "pointing" stays.
+        # "lonely" (last updated at minute 0) is past its 1-day TTL and is swept; "old", which
+        # "pointing" contradicts, stays with it, and both are scored with the contradiction.
         renewed = f.claim(
             "ct-trace", "pointing", minutes=2 * 24 * 60, relationships=pointing["relationships"]
         )
         d.produce([renewed])
-        d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic, {renewed["event_id"]}))
-        _wait_for_status(port, "/claims/claim-ttl/old", 404, "the expired claim was never swept")
-        _wait_for_status(port, "/claims/claim-ttl/pointing", 200, "the renewed claim is missing")
+        records = d.collect(count_of("CLAIM_SCORED", 2, d.settings.scored_topic, {renewed["event_id"]}))
+        _wait_for_status(port, "/claims/claim-ttl/lonely", 404, "the expired claim was never swept")
         assert "expired claims" in d.log_text()
+        _wait_for_status(port, "/claims/claim-ttl/pointing", 200, "the renewed claim is missing")
+        _wait_for_status(port, "/claims/claim-ttl/old", 200, "the claim a live claim contradicts was swept")
+        penalties = {
+            o["claim_id"]: o["interval"]["factors"]["contradiction_penalty"]
+            for o in d.outputs(records)
+            if o["event_type"] == "CLAIM_SCORED" and o["source_event_id"] == renewed["event_id"]
+        }
+        assert set(penalties) == {"pointing", "old"} and max(penalties.values()) < 1.0
     finally:
         d.stop()
 

@@ -252,7 +252,7 @@ def test_sustained_load_at_80_percent_of_max(kafka: RunningBroker, request: pyte
         SWEEP_INTERVAL_SECONDS="1",
         EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast a short run
         # Synthetic event times run days past the wall clock: let the expiry clock follow them.
-        EVENT_TIME_MAX_AHEAD_HOURS="1000000",
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
     )
     worker = d.start_worker()
     assert worker.process is not None

@@ -147,7 +147,7 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # trace TTL (24 h), and unscaled it would be most of this run's TTL.
         INPUT_ALIGNMENT_MAX_LEAD_HOURS=f"{ttl_hours / 12:.6f}",
         # Synthetic event times run days past the wall clock: let the expiry clock follow them.
-        EVENT_TIME_MAX_AHEAD_HOURS="1000000",
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
     )
     worker = d.start_worker()
     assert worker.process is not None

@@ -1,0 +1,101 @@
+"""A claim's edges live in the nodes it points at (the reverse index): those nodes live as long as it.
+
+X "supports T" is kept in T's node, which the sweep deletes `CLAIM_TTL_DAYS` after its last update.
+That node was refreshed only when X's edge changed, so X re-sent with the same relationships outlived
+it: the edge was lost with it, a T that arrived later took no support from X, and a contradiction
+became one-sided (found by review). Each test runs the claim stage over an in-memory table and sweeps
+it as the worker's sweep does.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from streams.stages.common import ExpiryClock
+from tests.unit import stage_records
+from tests.unit.test_claim_node_bound import _claim, _Worker
+
+T0 = datetime(2026, 9, 1, tzinfo=UTC)  # CLAIM_TTL_DAYS is 30
+
+
+def _at(event: dict[str, Any], day: float) -> dict[str, Any]:
+    return {**event, "timestamp": (T0 + timedelta(days=day)).isoformat()}
+
+
+def _worker() -> _Worker:
+    w = _Worker(limit=1_040_000)
+    w.stage.clock = ExpiryClock(timedelta(hours=1))  # a plain watermark: no idle-source grace
+    return w
+
+
+def _sweep(w: _Worker) -> set[str]:
+    """Delete the expired nodes, as the worker's sweep does; their claim ids."""
+    gone = [key for key in list(w.table) if w.stage.expired(key, w.nodes.load(key))]
+    for key in gone:
+        del w.table[key]
+        w.nodes.forget(key)
+    return {key.decode().split('"')[-2] for key in gone}
+
+
+def _factors(records: list[Any], claim_id: str) -> dict[str, float]:
+    (score,) = [o for o in stage_records.scored(records) if o["claim_id"] == claim_id]
+    return score["interval"]["factors"]  # type: ignore[no-any-return]
+
+
+def _versions(w: _Worker, x: dict[str, Any], days: tuple[int, ...]) -> None:
+    """X re-sent on each day with the same relationships (a new statement, a new event id)."""
+    for n, day in enumerate(days, start=1):
+        w.run([_at({**x, "event_id": f"x-{n}", "statement": f"x, version {n}"}, day)], [])
+
+
+def test_a_supporter_re_sent_with_the_same_edges_keeps_its_targets_node_alive() -> None:
+    def target_arrives(sweep: bool) -> dict[str, float]:
+        w = _worker()
+        x = _claim(0, "x", relationships=[{"type": "supports", "target": "t", "strength": 1.0}])
+        w.run([_at(x, 0)], [])
+        _versions(w, x, (10, 20, 30))
+        w.run([_at(_claim(50, "other"), 31)], [])  # the tenant's event time moves to day 31
+        if sweep:
+            assert _sweep(w) == set()  # x was updated on day 30: neither it nor its target's stub goes
+        return _factors(w.run([_at(_claim(60, "t"), 32)], []), "t")
+
+    assert target_arrives(sweep=False)["support_boost"] > 1.0  # the premise: x supports t
+    assert target_arrives(sweep=True) == target_arrives(sweep=False)
+
+
+def test_a_contradiction_stays_symmetric_across_a_sweep() -> None:
+    w = _worker()
+    x = _claim(0, "x", relationships=[{"type": "contradicts", "target": "t", "strength": 1.0}])
+    w.run([_at(x, 0)], [])
+    _versions(w, x, (25,))
+    w.run([_at(_claim(50, "other"), 31)], [])
+    assert _sweep(w) == set()
+    arrived = w.run([_at(_claim(60, "t"), 32)], [])
+    assert _factors(arrived, "t")["contradiction_penalty"] < 1.0
+    again = w.run([_at({**x, "event_id": "x-2", "statement": "x v2"}, 33)], [])
+    assert (
+        _factors(again, "x")["contradiction_penalty"] == _factors(again, "t")["contradiction_penalty"] < 1.0
+    )
+
+
+def test_a_derived_claim_re_sent_keeps_its_constituents_index_alive() -> None:
+    """`derived_by` lives in the constituent's node: a derived claim re-sent keeps it, so a constituent
+    that arrives after 30 days still re-scores the claim derived from it."""
+    w = _worker()
+    d = _claim(0, "d", derived_from=["part"])
+    w.run([_at(d, 0)], [])
+    _versions(w, d, (20,))
+    w.run([_at(_claim(50, "other"), 31)], [])
+    assert _sweep(w) == set()
+    arrived = w.run([_at(_claim(60, "part"), 32)], [])
+    assert {o["claim_id"] for o in stage_records.scored(arrived)} == {"part", "d"}
+
+
+def test_everything_expires_once_nothing_points_at_it_any_more() -> None:
+    w = _worker()
+    x = _claim(0, "x", relationships=[{"type": "supports", "target": "t", "strength": 1.0}])
+    w.run([_at(x, 0)], [])
+    _versions(w, x, (10,))
+    w.run([_at(_claim(50, "other"), 41)], [])
+    assert _sweep(w) == {"x", "t"}
