@@ -228,7 +228,7 @@ class BatchRunner:
                 await before.outputs_acked.wait()
             started = time.perf_counter()
             self._inject("send", batch.number)
-            self._note_internal_ends(await self._acknowledged(await self.sender().send(batch.outputs)))
+            self._note_internal_ends(await self._delivered(batch.outputs))
             if not batch.carries_sweep:
                 outputs_acked.set()
             sent = time.perf_counter()
@@ -238,7 +238,7 @@ class BatchRunner:
             if before is not None:
                 await before.task  # its changelog is acknowledged (it never returns if it failed)
             self._inject("table", batch.number)
-            await self._acknowledged(await self.sender().send(batch.changelog))
+            await self._delivered(batch.changelog)
             outputs_acked.set()  # a batch carrying the sweep's changes lets the next one go only now
             if stream is None:
                 return  # the sweep's table changes: no input to acknowledge
@@ -256,13 +256,24 @@ class BatchRunner:
     def sender(self) -> RecordBatches:
         return RecordBatches.of(self.svc.app)
 
-    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> list[Any]:
+    async def _delivered(self, records: Sequence[Outgoing]) -> list[Any]:
+        """Send `records` and wait for the broker's answers, both within SEND_TIMEOUT_SECONDS.
+
+        Queuing can wait too: a record batch waits for its partition's earlier one to drain, bounded
+        only by the producer's request timeout (Faust's is 20 minutes), while /healthz said ok.
+        """
+        timeout = self.svc.settings.send_timeout_seconds
+        started = time.monotonic()
+        futures = await asyncio.wait_for(self.sender().send(records), timeout)
+        return await self._acknowledged(futures, max(0.0, timeout - (time.monotonic() - started)))
+
+    async def _acknowledged(self, futures: Sequence[Awaitable[Any]], timeout: float) -> list[Any]:
         """The broker's answers (aiokafka RecordMetadata, one per record batch), once all arrived."""
         if not futures:
             return []
         gathered = asyncio.gather(*futures)
         try:
-            return list(await asyncio.wait_for(gathered, self.svc.settings.send_timeout_seconds))
+            return list(await asyncio.wait_for(gathered, timeout))
         finally:
             # Cancelled while waiting (a shutdown, or the timeout), the gather ends with the children's
             # CancelledError, which nothing read: asyncio logged "exception was never retrieved".

@@ -228,7 +228,7 @@ class Settings(BaseSettings):
     send_timeout_seconds: float = Field(
         60.0,
         gt=0,
-        description="A batch whose outputs or state writes are not acknowledged in time stops the worker.",
+        description="A batch whose outputs or state writes are not queued and acknowledged in time stops the worker.",
     )
     fatal_exit_delay_seconds: float = Field(
         3.0,

@@ -462,6 +462,25 @@ async def test_a_sweep_joining_a_waiting_batch_holds_the_next_batchs_outputs_too
         assert exits == []
 
 
+async def test_a_send_that_cannot_even_be_queued_stops_the_worker_after_the_send_timeout(
+    exits: list[str],
+) -> None:
+    """Queuing a record batch waits for its partition's earlier one to drain, bounded only by the
+    producer's request timeout (Faust's: 20 minutes): outside SEND_TIMEOUT_SECONDS, the agent stalled
+    that long while /healthz said ok (found by review)."""
+    async with _running(batches=1, send_timeout_seconds=0.05) as rig:
+
+        async def never_queued(records: Any) -> list[Any]:
+            await asyncio.Event().wait()
+            return []
+
+        rig.sender.send = never_queued  # type: ignore[method-assign]
+        rig.sender.ack("outputs", 1)  # the batch's outputs are answered: its changelog is never queued
+        await _until(lambda: exits == ["exit"])
+        assert rig.svc.health.fatal is not None and "TimeoutError" in rig.svc.health.fatal
+        assert rig.stream.acked == []
+
+
 async def test_a_shutdown_while_a_send_waits_for_its_ack_leaves_no_unretrieved_exception(
     exits: list[str],
 ) -> None:
@@ -475,7 +494,7 @@ async def test_a_shutdown_while_a_send_waits_for_its_ack_leaves_no_unretrieved_e
     try:
         async with _running(batches=0) as rig:
             unanswered = loop.create_future()
-            waiting = asyncio.create_task(rig.runner._acknowledged([unanswered]))
+            waiting = asyncio.create_task(rig.runner._acknowledged([unanswered], 30.0))
             await _settle()
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
