@@ -40,8 +40,9 @@ _REMOVED = "<removed>"
 _REPLACEMENT = b'"token_logprobs":"<removed>"'
 # For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): every
 # `"<key>":` whose key decodes to token_logprobs (escapes included), found at every quote so that a key
-# hidden inside another key's malformed value is found too.
-_KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,64})"\s*:\s*))', re.DOTALL)
+# hidden inside another key's malformed value is found too. Up to 96 units (an escape's `\u` is one,
+# its 4 digits four): "token_logprobs" written wholly as `\uXXXX` escapes takes 70 (64 let it through).
+_KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,96})"\s*:\s*))', re.DOTALL)
 _STRUCTURE = re.compile(rb'["\\\[\]{},]')
 _QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
 

@@ -119,6 +119,10 @@ def test_error_message_never_contains_input_values() -> None:
         b'{"token_logprobs": [-0.0123456789, NaN], "x": 1}',
         b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.0123456789, -0.2',
         b'{"token_logprobs": [-0.0123456789]',
+        # Every letter of the key escaped, and -Infinity (orjson refuses it): the textual path (review).
+        b'{"event_type":"LLM_RESPONSE","'
+        + "".join(f"\\u{ord(c):04x}" for c in "token_logprobs").encode()
+        + b'":[-0.0123456789,-Infinity]}',
     ],
 )
 def test_strip_logprobs_removes_every_value(raw: bytes) -> None:
