@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 
 from streams.config import Settings
 from streams.dlq import DeadLetter, Reason, connect_headers, strip_logprobs
+from streams.events import ID_MAX_CHARS
 from streams.metrics import Metrics
 from streams.state import CalibrationItem
 
@@ -154,9 +156,20 @@ class ExpiryClock:
         return min(active or sources.values()) > moment
 
 
-@functools.lru_cache(maxsize=65536)  # pure Python murmur2 per record showed in profiles
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2) gives `key`: the same as Faust's router's."""
+    if len(key) <= _CACHED_KEY_BYTES:
+        return _cached_key_partition(key, partitions)
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+# Ids and table keys are short; a dead letter keeps its input's key, which may be any size, and the cache
+# would keep every such key (65,536 of up to 1 MB each).
+_CACHED_KEY_BYTES = 512
+
+
+@functools.lru_cache(maxsize=65536)  # pure Python murmur2 per record showed in profiles
+def _cached_key_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
@@ -212,6 +225,10 @@ def unbundle(record: InputRecord) -> list[InputRecord]:
     return [dataclasses.replace(record, value=part) for part in record.value.split(b"\n")]
 
 
+# The longest valid trace id, in bytes (ID_MAX_CHARS characters of up to 4 bytes): producers key by it.
+DEAD_LETTER_KEY_MAX_BYTES = 4 * ID_MAX_CHARS
+
+
 def now() -> datetime:
     """Processing time (`scored_at`, latency); never used for scoring."""
     return datetime.now(UTC)
@@ -248,16 +265,20 @@ class Outputs:
         self.calibration.append((tenant, source, item))
 
     def dead_letter(self, letter: DeadLetter, record: InputRecord) -> None:
-        """Send the record to the DLQ (logprobs removed) with Connect-style error headers."""
+        """Send the record to the DLQ (logprobs removed) with Connect-style error headers.
+
+        The record keeps its key, unless longer than any valid one (then its SHA-256, so a key's dead
+        letters still share a partition), and its value is cut to keep the dead letter within
+        MAX_RECORD_BYTES: an input the broker took, with a 48 KB key, made a dead letter it refused.
+        """
         self.metrics.child(self.metrics.events_dead_lettered, letter.reason).inc()
-        self.records.append(
-            Record(
-                self.settings.dlq_topic,
-                record.key,
-                strip_logprobs(letter.raw, self.settings.max_event_bytes),
-                connect_headers(letter, record.topic, record.partition, record.offset),
-            )
-        )
+        key = record.key
+        if key is not None and len(key) > DEAD_LETTER_KEY_MAX_BYTES:
+            key = hashlib.sha256(key).hexdigest().encode()
+        headers = connect_headers(letter, record.topic, record.partition, record.offset)
+        room = self.settings.max_record_bytes - len(key or b"") - sum(len(n) + len(v) for n, v in headers)
+        value = strip_logprobs(letter.raw, max(0, min(self.settings.max_event_bytes, room)))
+        self.records.append(Record(self.settings.dlq_topic, key, value, headers))
 
     def guarded(
         self,

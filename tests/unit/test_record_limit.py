@@ -10,6 +10,7 @@ changelog record each) is measured.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,9 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics
 from streams.config import load_settings, scoring_configs
+from streams.decode import decode
 from streams.events import ID_MAX_CHARS
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
-from streams.stages.common import unbundle
+from streams.stages.common import Outputs, _cached_key_partition, key_partition, unbundle
 from streams.state import HistoryHour, TraceState, table_key
 from tests.unit import stage_records
 
@@ -309,3 +311,32 @@ def test_a_synthesis_whose_output_would_pass_the_limit_is_dead_lettered() -> Non
     assert _reasons(records) == {"synthesis": b"oversized_output"}
     assert "synthesis" not in _traces_remembering(records)
     assert {o["event_type"] for o in stage_records.scored(records)} == {"CLAIM_SCORED", "RESPONSE_SCORED"}
+
+
+@pytest.mark.parametrize("key_bytes", [36, 4 * ID_MAX_CHARS, 48_400, 1_000_000])
+def test_a_dead_letter_fits_whatever_the_inputs_key(key_bytes: int) -> None:
+    """A record the broker took, a 48 KB key and an invalid value at MAX_EVENT_BYTES, made a dead letter
+    300 bytes over its limit (the key kept, the value capped, the headers added): the worker stopped on
+    it after every restart (found by review). A valid key is kept; a longer one becomes its SHA-256."""
+    key = b"k" * key_bytes
+    value = b"{" + b"x" * (SETTINGS.max_event_bytes - 1)  # not JSON
+    out = Outputs(SETTINGS, metrics.create(CollectorRegistry()))
+    out.dead_letter(
+        decode(value, SETTINGS.max_event_bytes, SETTINGS.max_array_items),
+        InputRecord("agent-events", 3, 123_456_789, 0.0, value, key),
+    )  # type: ignore[arg-type]
+    (letter,) = out.records
+    assert _size(letter) <= SETTINGS.max_record_bytes
+    if key_bytes <= 4 * ID_MAX_CHARS:
+        assert letter.key == key and letter.value == value[: len(letter.value)]
+    else:
+        assert letter.key == hashlib.sha256(key).hexdigest().encode()
+    assert len(letter.value) > 0.99 * SETTINGS.max_event_bytes  # cut only as much as the key needs
+
+
+def test_long_keys_are_partitioned_without_being_cached() -> None:
+    """Every distinct key stayed in the partitioner's cache of 65,536: with dead letters' keys of up to
+    1 MB, memory without bound."""
+    before = _cached_key_partition.cache_info().currsize
+    assert key_partition(b"x" * 100_000, 12) == key_partition(b"x" * 100_000, 12)
+    assert _cached_key_partition.cache_info().currsize == before
