@@ -60,11 +60,12 @@ def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name
 
 FLOAT_SETTINGS = sorted(name for name, field in Settings.model_fields.items() if field.annotation is float)
 # Spans of event time: added to or subtracted from event times (years 1900-8999).
-SPAN_SETTINGS = sorted(
-    name
-    for name in FLOAT_SETTINGS
-    if name.endswith(("_hours", "_days", "_minutes")) and name != "input_alignment_max_hold_seconds"
-)
+SPAN_SETTINGS = sorted(name for name in FLOAT_SETTINGS if name.endswith(("_hours", "_days", "_minutes")))
+
+
+def _longest(name: str) -> float:
+    """SPAN_MAX_HOURS in the span setting's own unit."""
+    return SPAN_MAX_HOURS / {"hours": 1, "days": 24, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
@@ -80,8 +81,7 @@ def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch, name
 
 @pytest.mark.parametrize("name", SPAN_SETTINGS)
 def test_event_time_spans_are_bounded_to_a_century(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    unit = {"hours": 1.0, "days": 24.0, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
-    longest = SPAN_MAX_HOURS / unit
+    longest = _longest(name)
     monkeypatch.setenv("HISTORY_RETENTION_HOURS", str(SPAN_MAX_HOURS))  # at least the history window
     monkeypatch.setenv(name.upper(), str(longest))
     assert getattr(load_settings(), name) == longest
@@ -93,11 +93,7 @@ def test_event_time_spans_are_bounded_to_a_century(monkeypatch: pytest.MonkeyPat
 def test_the_longest_spans_work_on_the_extreme_event_times() -> None:
     """With every span at its longest, a trace's expiry and an agent's retention on events of the years
     1900 and 8999 compute (the worker stopped on `inf`: datetime overflow)."""
-    longest = {
-        name: SPAN_MAX_HOURS / {"hours": 1, "days": 24, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
-        for name in SPAN_SETTINGS
-    }
-    settings = load_settings(**longest)
+    settings = load_settings(**{name: _longest(name) for name in SPAN_SETTINGS})
     for when in (TIMESTAMP_MIN, TIMESTAMP_MAX - timedelta(seconds=1)):
         responses = Responses(settings, random.Random(0))
         scored = responses.score("e1", when, good=True)

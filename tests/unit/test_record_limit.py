@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.decode import decode
+from streams.dlq import DeadLetter
 from streams.events import ID_MAX_CHARS
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
 from streams.stages.common import Outputs, _cached_key_partition, key_partition, unbundle
@@ -320,11 +321,10 @@ def test_a_dead_letter_fits_whatever_the_inputs_key(key_bytes: int) -> None:
     it after every restart (found by review). A valid key is kept; a longer one becomes its SHA-256."""
     key = b"k" * key_bytes
     value = b"{" + b"x" * (SETTINGS.max_event_bytes - 1)  # not JSON
+    dead = decode(value, SETTINGS.max_event_bytes, SETTINGS.max_array_items)
+    assert isinstance(dead, DeadLetter)
     out = Outputs(SETTINGS, metrics.create(CollectorRegistry()))
-    out.dead_letter(
-        decode(value, SETTINGS.max_event_bytes, SETTINGS.max_array_items),
-        InputRecord("agent-events", 3, 123_456_789, 0.0, value, key),
-    )  # type: ignore[arg-type]
+    out.dead_letter(dead, InputRecord("agent-events", 3, 123_456_789, 0.0, value, key))
     (letter,) = out.records
     assert _size(letter) <= SETTINGS.max_record_bytes
     if key_bytes <= 4 * ID_MAX_CHARS:
