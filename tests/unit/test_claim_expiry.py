@@ -12,6 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+
 from streams.stages.common import ExpiryClock
 from tests.unit import stage_records
 from tests.unit.test_claim_node_bound import _claim, _Worker
@@ -23,19 +25,13 @@ def _at(event: dict[str, Any], day: float) -> dict[str, Any]:
     return {**event, "timestamp": (T0 + timedelta(days=day)).isoformat()}
 
 
-def _worker() -> _Worker:
-    w = _Worker(limit=1_040_000)
-    w.stage.clock = ExpiryClock(timedelta(hours=1))  # a plain watermark: no idle-source grace
-    return w
-
-
 def _sweep(w: _Worker) -> set[str]:
     """Delete the expired nodes, as the worker's sweep does; their claim ids."""
     gone = [key for key in list(w.table) if w.stage.expired(key, w.nodes.load(key))]
     for key in gone:
         del w.table[key]
         w.nodes.forget(key)
-    return {key.decode().split('"')[-2] for key in gone}
+    return {orjson.loads(key)[1] for key in gone}
 
 
 def _factors(records: list[Any], claim_id: str) -> dict[str, float]:
@@ -43,19 +39,23 @@ def _factors(records: list[Any], claim_id: str) -> dict[str, float]:
     return score["interval"]["factors"]  # type: ignore[no-any-return]
 
 
-def _versions(w: _Worker, x: dict[str, Any], days: tuple[int, ...]) -> None:
-    """X re-sent on each day with the same relationships (a new statement, a new event id)."""
-    for n, day in enumerate(days, start=1):
-        w.run([_at({**x, "event_id": f"x-{n}", "statement": f"x, version {n}"}, day)], [])
+def _aged(claim: dict[str, Any], versions: tuple[int, ...], until: int) -> _Worker:
+    """A claim stage that applied `claim` on day 0, the same claim again (a new statement and event id,
+    the same relationships) on each day of `versions`, and another claim of the tenant on day `until`,
+    which moves the tenant's event time there."""
+    w = _Worker(limit=1_040_000)
+    w.stage.clock = ExpiryClock(timedelta(hours=1))  # a plain watermark: no idle-source grace
+    w.run([_at(claim, 0)], [])
+    for n, day in enumerate(versions, start=1):
+        w.run([_at({**claim, "event_id": f"{claim['claim_id']}-{n}", "statement": f"version {n}"}, day)], [])
+    w.run([_at(_claim(50, "other"), until)], [])
+    return w
 
 
 def test_a_supporter_re_sent_with_the_same_edges_keeps_its_targets_node_alive() -> None:
     def target_arrives(sweep: bool) -> dict[str, float]:
-        w = _worker()
         x = _claim(0, "x", relationships=[{"type": "supports", "target": "t", "strength": 1.0}])
-        w.run([_at(x, 0)], [])
-        _versions(w, x, (10, 20, 30))
-        w.run([_at(_claim(50, "other"), 31)], [])  # the tenant's event time moves to day 31
+        w = _aged(x, versions=(10, 20, 30), until=31)
         if sweep:
             assert _sweep(w) == set()  # x was updated on day 30: neither it nor its target's stub goes
         return _factors(w.run([_at(_claim(60, "t"), 32)], []), "t")
@@ -65,11 +65,8 @@ def test_a_supporter_re_sent_with_the_same_edges_keeps_its_targets_node_alive() 
 
 
 def test_a_contradiction_stays_symmetric_across_a_sweep() -> None:
-    w = _worker()
     x = _claim(0, "x", relationships=[{"type": "contradicts", "target": "t", "strength": 1.0}])
-    w.run([_at(x, 0)], [])
-    _versions(w, x, (25,))
-    w.run([_at(_claim(50, "other"), 31)], [])
+    w = _aged(x, versions=(25,), until=31)
     assert _sweep(w) == set()
     arrived = w.run([_at(_claim(60, "t"), 32)], [])
     assert _factors(arrived, "t")["contradiction_penalty"] < 1.0
@@ -82,20 +79,12 @@ def test_a_contradiction_stays_symmetric_across_a_sweep() -> None:
 def test_a_derived_claim_re_sent_keeps_its_constituents_index_alive() -> None:
     """`derived_by` lives in the constituent's node: a derived claim re-sent keeps it, so a constituent
     that arrives after 30 days still re-scores the claim derived from it."""
-    w = _worker()
-    d = _claim(0, "d", derived_from=["part"])
-    w.run([_at(d, 0)], [])
-    _versions(w, d, (20,))
-    w.run([_at(_claim(50, "other"), 31)], [])
+    w = _aged(_claim(0, "d", derived_from=["part"]), versions=(20,), until=31)
     assert _sweep(w) == set()
     arrived = w.run([_at(_claim(60, "part"), 32)], [])
     assert {o["claim_id"] for o in stage_records.scored(arrived)} == {"part", "d"}
 
 
 def test_everything_expires_once_nothing_points_at_it_any_more() -> None:
-    w = _worker()
     x = _claim(0, "x", relationships=[{"type": "supports", "target": "t", "strength": 1.0}])
-    w.run([_at(x, 0)], [])
-    _versions(w, x, (10,))
-    w.run([_at(_claim(50, "other"), 41)], [])
-    assert _sweep(w) == {"x", "t"}
+    assert _sweep(_aged(x, versions=(10,), until=41)) == {"x", "t"}
