@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import sys
 
 __all__ = ["main", "tune_gc"]
@@ -15,6 +16,28 @@ def tune_gc(gen0_threshold: int) -> None:
     """Collect generation 0 every `gen0_threshold` allocations (0: leave Python's default)."""
     if gen0_threshold:
         gc.set_threshold(gen0_threshold, *gc.get_threshold()[1:])
+
+
+def _count(text: str) -> int:
+    """An argument counting things, at least one (`tail --limit 0` printed one record)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (`demo --timeout 0` or `nan` gave up at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
 
 
 def _worker(_: argparse.Namespace) -> int:
@@ -139,9 +162,10 @@ def _report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
+    from aiokafka.errors import KafkaConnectionError
     from pydantic import ValidationError
 
-    from streams.config import Settings
+    from streams.config import Settings, configured_bootstrap_servers
 
     parser = argparse.ArgumentParser(prog="confidence-streams", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     describe.set_defaults(run=_topics_describe)
     demo = commands.add_parser("demo", help="broker, topics, worker and demo traffic, then a summary")
-    demo.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all outputs")
+    demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds to wait for all outputs")
     demo.add_argument(
         "--report", metavar="DIR", default=None, help="also write the run's report (HTML + PNG) here"
     )
@@ -172,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     which = tail.add_mutually_exclusive_group()
     which.add_argument("--flagged", action="store_true", help="follow flagged-events instead")
     which.add_argument("--dlq", action="store_true", help="follow the dead-letter topic instead")
-    tail.add_argument("--limit", type=int, default=None, help="stop after this many events")
+    tail.add_argument("--limit", type=_count, default=None, help="stop after this many events")
     tail.add_argument("--json", action="store_true", help="print each record's value as one JSON line")
     tail.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="auto: only on a terminal"
@@ -203,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aiokafka").setLevel(logging.WARNING)  # client chatter; the worker logs its own
         logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices (report)
         return int(args.run(args))
+    except KafkaConnectionError as exc:
+        # No broker at the address (or not yet): one line naming it, as for a configuration mistake.
+        servers = configured_bootstrap_servers() or f"{Settings().kafka_bootstrap_servers} (the default)"
+        print(f"confidence-streams: cannot reach Kafka at {servers}: {exc}", file=sys.stderr)
+        return 1
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise

@@ -261,9 +261,9 @@ async def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[
     topic.
     """
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
     values: list[object] = []
     try:
+        await consumer.start()  # inside: a start that fails (no broker) still closes the client
         partitions = consumer.partitions_for_topic(topic)
         if partitions is None:
             await consumer.topics()  # refresh the metadata once: the cache may predate the topic

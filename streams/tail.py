@@ -234,9 +234,9 @@ async def tail(
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="latest", group_id=None
     )
-    await consumer.start()
     seen = 0
     try:
+        await consumer.start()  # inside: a start that fails (no broker) still closes the client
         for partition in consumer.assignment():
             await consumer.position(partition)  # resolve "latest" now: every later record is shown
         Console(stderr=True, highlight=False).print(f"following {topic} from its end (Ctrl-C to stop)")

@@ -214,3 +214,42 @@ def test_the_worker_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -> No
         main(["worker", "--web-port", "7000"])  # it used to be dropped silently
     assert exit_.value.code == 2
     assert "unrecognized arguments: --web-port 7000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["tail", "--limit", "0"], "argument --limit: must be at least 1, not 0"),
+        (["tail", "--limit", "-3"], "argument --limit: must be at least 1, not -3"),
+        (["tail", "--limit", "ten"], "argument --limit: 'ten' is not a whole number"),
+        (["demo", "--timeout", "0"], "argument --timeout: must be a positive number of seconds, not 0"),
+        (["demo", "--timeout", "nan"], "argument --timeout: must be a positive number of seconds, not nan"),
+        (["demo", "--timeout", "inf"], "argument --timeout: must be a positive number of seconds, not inf"),
+    ],
+)
+def test_counts_and_timeouts_on_the_command_line_are_refused_when_meaningless(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tail --limit 0` printed one record; `demo --timeout 0` gave up before the worker started."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert complaint in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["topics", "describe"], ["topics", "create"], ["tail", "--limit", "1"], ["report", "--from", "t"]],
+)
+def test_a_broker_out_of_reach_is_one_line_naming_its_address(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """These commands printed aiokafka's traceback; now one line, as for a configuration mistake."""
+    with socket.socket() as unused:  # a port nothing listens on: bound, never listening
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", address)
+        assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"confidence-streams: cannot reach Kafka at {address}: " in err
+    assert "Traceback" not in err
