@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streams.faults import FaultInjector
 from streams.scoring.claims import ClaimsConfig
 from streams.scoring.composite import CompositeConfig
 from streams.scoring.evidence import CATEGORY_ORDER, EvidenceConfig
@@ -293,6 +294,12 @@ class Settings(BaseSettings):
     def _non_empty_topics(cls, value: str) -> str:
         if not [t for t in value.split(",") if t.strip()]:
             raise ValueError("INPUT_TOPICS must name at least one topic")
+        return value
+
+    @field_validator("fault_injection")
+    @classmethod
+    def _valid_fault(cls, value: str) -> str:
+        FaultInjector.parse(value)  # at start-up, one line, not a traceback when the app is built
         return value
 
     @field_validator("evidence_tool_categories")

@@ -31,7 +31,10 @@ class FaultInjector:
     def parse(cls, spec: str) -> FaultInjector:
         if not spec:
             return cls()
-        point, agent, batch = spec.split(":")
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[1] or not parts[2].isdigit() or int(parts[2]) < 1:
+            raise ValueError(f"FAULT_INJECTION {spec!r} is not <send|table>:<agent>:<batch number from 1>")
+        point, agent, batch = parts
         if point not in ("send", "table"):
             raise ValueError(f"FAULT_INJECTION point must be send or table, not {point!r}")
         return cls(point, agent, int(batch))  # type: ignore[arg-type]

@@ -253,3 +253,16 @@ def test_a_broker_out_of_reach_is_one_line_naming_its_address(
     err = capsys.readouterr().err
     assert f"confidence-streams: cannot reach Kafka at {address}: " in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "spec", ["garbage", "send:score-events", "send:score-events:0", "send::1", "boom:x:1"]
+)
+def test_a_malformed_fault_injection_is_one_line_at_start_up(
+    spec: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It raised from inside the app's construction, with a traceback (or, at batch 0, never fired)."""
+    monkeypatch.setenv("FAULT_INJECTION", spec)
+    assert main(["topics", "describe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("confidence-streams: FAULT_INJECTION: ") and len(err.splitlines()) == 1
