@@ -328,6 +328,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _inputs_are_not_outputs(self) -> Settings:
+        # An output, dead-letter or internal topic read as input would feed the worker its own records.
+        written = {self.scored_topic, self.flagged_topic, self.dlq_topic, *self.internal_topics}
+        if looped := sorted(written.intersection(self.input_topic_names)):
+            raise ValueError(f"INPUT_TOPICS names a topic the worker writes: {', '.join(looped)}")
+        return self
+
+    @model_validator(mode="after")
     def _history_kept_for_its_window(self) -> Settings:
         # A shorter retention silently shortens seed 004's history window to it.
         if self.history_retention_hours < self.history_window_hours:

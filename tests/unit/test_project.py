@@ -266,3 +266,22 @@ def test_a_malformed_fault_injection_is_one_line_at_start_up(
     assert main(["topics", "describe"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("confidence-streams: FAULT_INJECTION: ") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        "agent-events,scored-events",
+        "flagged-events",
+        "agent-events-dlq",
+        "confidence-streams-claims-by-tenant",
+    ],
+)
+def test_an_input_topic_the_worker_writes_is_refused(inputs: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading its own outputs (or dead letters) back as input would loop; it was accepted."""
+    with pytest.raises(ValidationError, match="INPUT_TOPICS names a topic the worker writes"):
+        load_settings(input_topics=inputs)
+    assert load_settings(input_topics="agent-events,more-agent-events").input_topic_names == (
+        "agent-events",
+        "more-agent-events",
+    )
