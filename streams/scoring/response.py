@@ -1,8 +1,9 @@
 """Seed 003: per-response confidence from token logprobs and the allow / flag / reject decision.
 
 Validity (DESIGN 4): None, NaN, +inf and values > 1e-6 are invalid; values in (0, 1e-6] count as 0.0;
--inf is valid (its probability is 0). With `enabled=False` no confidence is computed and every response
-is allowed (the caller skips `calculate_confidence`).
+-inf is valid (its probability is 0). With `enabled=False` no confidence is computed (the caller skips
+`calculate_confidence`) and every response is decided as one without logprobs: allowed, unless
+`treat_null_as_low` applies `on_low` to it.
 """
 
 from __future__ import annotations
@@ -74,12 +75,9 @@ def calculate_confidence(
         ordered = sorted(valid)
         m = ordered[max(0, int(len(ordered) * 0.1))]
     else:
-        # Dividing first keeps the sum finite for extreme (but valid) values such as -1e308.
-        n = len(valid)
-        try:
-            m = math.fsum([v / n for v in valid]) if -math.inf not in valid else -math.inf
-        except OverflowError:  # the quotients' exact sum is below -DBL_MAX (all are <= 0): the seed's
-            m = -math.inf  # own sum is -inf there, and exp of it 0
+        # The seed's own arithmetic, bit for bit: a rounding edge decides allow or flag. A sum past
+        # -DBL_MAX is -inf (floats do not raise), and exp of it 0.
+        m = sum(valid) / len(valid)
     confidence = max(0.0, min(1.0, math.exp(m)))
     return round(confidence, precision)
 

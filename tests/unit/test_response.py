@@ -126,3 +126,24 @@ def test_filter_is_the_seed_rule(values: list[float | None]) -> None:
     expected = _valid_as_the_seed_states(values)
     got = _valid(values)
     assert [(v, math.copysign(1.0, v)) for v in got] == [(v, math.copysign(1.0, v)) for v in expected]
+
+
+def _seed_average(logprobs: list[float | None]) -> float:
+    """Seed 003's average branch as written there: `sum(valid) / len(valid)`, exp, clamp, round."""
+    valid = _valid_as_the_seed_states(logprobs)
+    return round(max(0.0, min(1.0, math.exp(sum(valid) / len(valid)))), 3)
+
+
+def test_the_average_is_the_seeds_arithmetic_at_a_rounding_edge() -> None:
+    """Summing the quotients (math.fsum of v / n) gave 0.399 here, a flag, where the seed gives 0.4."""
+    edge = [-0.7155662583192558, -0.02779552060207072, -1.4262901723124828]
+    edge += [-0.292512124050512, -1.757086626039317, -1.2859983813312077]
+    assert _seed_average(edge) == 0.4
+    assert calculate_confidence(edge, "average", 3) == 0.4
+    assert evaluate_confidence(0.4, _cfg()).action == "allow"
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(), st.sampled_from([-INF, 5e-7])), min_size=1, max_size=60))
+def test_the_average_equals_the_seeds(values: list[float | None]) -> None:
+    expected = _seed_average(values) if _valid_as_the_seed_states(values) else None
+    assert calculate_confidence(values, "average", 3) == expected
