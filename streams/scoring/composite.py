@@ -96,7 +96,7 @@ class CompositeResult(BaseModel):
 
 def knowledge_base_score(similarities: Sequence[float], threshold: float = 0.7) -> float:
     """Highest relevant similarity plus 0.05 per relevant result (at most +0.2), capped at 1."""
-    relevant = [s for s in similarities if s >= threshold]
+    relevant = [s for s in similarities if round(s, 9) >= threshold]  # DESIGN 4b: rounded to 9 decimals
     if not relevant:
         return 0.0
     return min(max(relevant) + min(len(relevant) * 0.05, 0.2), 1.0)

@@ -381,7 +381,7 @@ class CalibrationStage:
         min_interval = timedelta(minutes=settings.calibration_update_min_interval_minutes)
         if group.last_emitted_at is not None and outcome.timestamp - group.last_emitted_at < min_interval:
             return group
-        alert = ece >= settings.calibration_ece_alert
+        alert = round(ece, 9) >= settings.calibration_ece_alert  # compared as every score is (DESIGN 4b)
         output = CalibrationUpdated(
             event_id=output_event_id(
                 "CALIBRATION_UPDATED",

@@ -337,3 +337,15 @@ def test_the_same_items_give_the_same_tables_and_outputs_in_one_message_or_one_e
     assert {o["event_type"] for o in outputs} == {"CALIBRATION_UPDATED"}
     group = tables[group_key(TENANT, "model", "m", "response")]
     assert isinstance(group, GroupCalibration) and calibration.total(group.bins) == 2  # o1 once, and o3
+
+
+def test_the_ece_alert_compares_the_ece_rounded_to_9_decimals() -> None:
+    """One correct outcome of a 0.9 score: ECE |1 - 0.9| is 0.09999999999999998 in floats, which is the
+    0.1 alert line once rounded (DESIGN 4b); compared raw it was no alert."""
+    worker = _Worker(calibration_min_samples=1, calibration_update_min_interval_minutes=0)
+    worker.feed(_score("r1", 0, score=0.9))
+    records, _ = worker.feed(_outcome("o1", "r1", 1))
+    updates = [orjson.loads(r.value) for r in records if r.topic == worker.settings.scored_topic]
+    assert updates and all(u["ece"] != 0.1 and round(u["ece"], 9) == 0.1 for u in updates)
+    assert all(u["alert"] is True for u in updates)
+    assert [r.topic for r in records].count(worker.settings.flagged_topic) == len(updates)

@@ -33,6 +33,8 @@ NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
         ([0.69, 0.5], 0.0),
         ([], 0.0),  # present but empty
         ([0.7] * 10, 0.9),  # bonus capped at +0.2
+        ([0.6999999999999], 0.7499999999999),  # 0.7 once rounded to 9 decimals (DESIGN 4b): relevant
+        ([0.6999999994], 0.0),  # 0.699999999 rounded: not relevant
     ],
 )
 def test_knowledge_base(similarities: list[float], expected: float) -> None:
