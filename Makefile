@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest processes for the tests that are not timing-based (each starts its own embedded broker); the
+# integration tests mostly wait on the broker, so two share a 2-core machine well.
+TEST_PROCESSES ?= 2
 
 .PHONY: demo test bench schemas lint clean
 
@@ -19,7 +22,8 @@ test: $(STAMP)
 	$(BIN)/ruff check streams tests bench examples
 	$(BIN)/ruff format --check streams tests bench examples
 	$(BIN)/mypy streams/scoring streams/producer.py examples
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist worksteal -m "not serial"
+	$(BIN)/pytest -q -p no:cacheprovider -m serial
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -19,11 +19,16 @@ import asyncio
 import time
 from collections import Counter
 
+import pytest
+
 from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
 from tests.integration.fixtures import EventFactory, deploy
 from tests.integration.workload import outputs_of, scan_outputs, scrape, soak_events, wait_for_metrics
+
+# Rate- and timing-based: `make test` runs these alone, after the parallel run of the rest.
+pytestmark = pytest.mark.serial
 
 BOUND = 10
 TRACES = 500  # 5,000 events

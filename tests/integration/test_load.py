@@ -44,6 +44,9 @@ from tests.integration.workload import (
     wait_for_metrics,
 )
 
+# Rate- and timing-based: `make test` runs these alone, after the parallel run of the rest.
+pytestmark = pytest.mark.serial
+
 TICK_SECONDS = 0.05
 SAMPLE_SECONDS = 2.0
 QUIET_SECONDS = 10.0

@@ -14,10 +14,14 @@ import urllib.error
 from collections.abc import Callable
 
 import orjson
+import pytest
 
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
 from tests.integration.fixtures import Deployment, EventFactory, assigned_partitions, deploy, health, poll
+
+# Rate- and timing-based: `make test` runs these alone, after the parallel run of the rest.
+pytestmark = pytest.mark.serial
 
 TRAFFIC_AROUND_EACH_CHANGE_SECONDS = 4.0  # events keep flowing this long after each membership change
 ENOUGH_EVENTS = 1000  # and at least this many in all

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from streams.harness import RunningBroker
+from streams.stages.common import key_partition
 from tests.integration.fixtures import STRONG_COMPOSITE as STRONG
 from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy
 from tests.integration.workload import scrape
@@ -112,14 +113,16 @@ def test_scores_flags_and_dead_letters(deployment: Deployment) -> None:
             "wrong_type",
         ]
     )
+    offsets = set()
     for r in dead:
         assert r.key == b"tr-1"  # the bad record's own key, as Kafka Connect's DLQ keeps it
         headers = dict(r.headers)
         assert headers["__connect.errors.topic"].decode() == s.input_topic_names[0]
-        assert int(headers["__connect.errors.partition"]) >= 0
-        assert int(headers["__connect.errors.offset"]) >= 0
+        assert int(headers["__connect.errors.partition"]) == key_partition(b"tr-1", s.topic_partitions)
+        offsets.add(int(headers["__connect.errors.offset"]))
         assert headers["__connect.errors.exception.class.name"]
         assert headers["__connect.errors.exception.message"]
+    assert len(offsets) == len(dead) == 6  # six records, each named by its own input offset
 
     # No logprob anywhere: outputs, flagged copies, DLQ values and headers, and the worker's log.
     for r in records:

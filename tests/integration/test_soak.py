@@ -60,6 +60,9 @@ from tests.integration.workload import (
     wait_for_metrics,
 )
 
+# Rate- and timing-based: `make test` runs these alone, after the parallel run of the rest.
+pytestmark = pytest.mark.serial
+
 
 @dataclass(frozen=True)
 class Point:

