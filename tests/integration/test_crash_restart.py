@@ -282,7 +282,11 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     # DESIGN section 7), so the successor joins in seconds once the killed member's session expires.
     d = deploy(kafka, partitions=2, BATCH_SIZE="50")
     first = d.start_worker()
-    _wait_ready(first)
+    try:
+        _wait_ready(first)
+    except BaseException:
+        d.stop()  # the rest of the test stops it in its own `finally`
+        raise
     chunks = [events[i : i + 20] for i in range(0, len(events), 20)]
     produced: list[int] = []
     commits: list[int] = []

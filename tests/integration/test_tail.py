@@ -32,15 +32,16 @@ def _start_tail(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 def test_tail_prints_scored_and_flagged_events(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     d.start_worker()
-    scored = _start_tail(d.env, "--limit", "1")
-    flagged = _start_tail(d.env, "--flagged", "--limit", "1")
+    tails: list[subprocess.Popen[str]] = []
     f = EventFactory(tenant="tail")
     try:
+        tails.append(scored := _start_tail(d.env, "--limit", "1"))
+        tails.append(flagged := _start_tail(d.env, "--flagged", "--limit", "1"))
         d.produce([f.response("tail-1", token_logprobs=[-1.5, -1.5])])  # 0.223 < 0.40: flagged
         scored_out, _ = scored.communicate(timeout=90)
         flagged_out, _ = flagged.communicate(timeout=90)
     finally:
-        for process in (scored, flagged):
+        for process in tails:
             if process.poll() is None:
                 process.kill()
         d.stop()
@@ -64,9 +65,10 @@ def test_tail_json_lines_are_the_values_on_the_topic(kafka: RunningBroker) -> No
         f.tool("tj-2", "read", "src/Parser.py", minutes=1),
         f.claim("tj-3", "c-json"),
     ]
-    tail = _start_tail(d.env, "--json", "--limit", str(len(events)))
-    dlq = _start_tail(d.env, "--dlq", "--json", "--limit", "1")
+    tails: list[subprocess.Popen[str]] = []
     try:
+        tails.append(tail := _start_tail(d.env, "--json", "--limit", str(len(events))))
+        tails.append(dlq := _start_tail(d.env, "--dlq", "--json", "--limit", "1"))
         d.produce([*events, b'{"event_type": "LLM_RESPONSE", "token_logprobs": [-0.1'])
         out, _ = tail.communicate(timeout=90)
         dlq_out, _ = dlq.communicate(timeout=90)
@@ -74,7 +76,7 @@ def test_tail_json_lines_are_the_values_on_the_topic(kafka: RunningBroker) -> No
         sources = {e["event_id"] for e in events}
         records = d.collect(lambda rs: {o["source_event_id"] for o in d.outputs(rs)} >= sources)
     finally:
-        for process in (tail, dlq):
+        for process in tails:
             if process.poll() is None:
                 process.kill()
         d.stop()
