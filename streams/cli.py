@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args))
     except KafkaConnectionError as exc:
         # No broker at the address (or not yet): one line naming it, as for a configuration mistake.
-        servers = configured_bootstrap_servers() or f"{Settings().kafka_bootstrap_servers} (the default)"
+        default = Settings.model_fields["kafka_bootstrap_servers"].default
+        servers = configured_bootstrap_servers() or f"{default} (the default)"
         print(f"confidence-streams: cannot reach Kafka at {servers}: {exc}", file=sys.stderr)
         return 1
     except ValidationError as exc:
