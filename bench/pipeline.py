@@ -37,7 +37,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,7 +62,7 @@ from bench.mix import Mix, build_mix
 from bench.passthrough import FAUST_FETCH_MAX_WAIT_MS
 from streams.config import Settings, load_settings
 from streams.demo_runner import worker_env
-from streams.harness import RunningBroker, broker
+from streams.harness import RunningBroker, broker, free_port
 from streams.topics import create_topics
 
 __all__ = ["main"]
@@ -96,12 +95,6 @@ if not console.is_terminal:
 
 
 # --- processes and /proc ---------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -435,7 +428,7 @@ class Deployment:
     procs: list[Proc] = field(default_factory=list)
 
     def start_worker(self) -> Proc:
-        port = _free_port()
+        port = free_port()
         number = len(self.procs)
         env = {**self.env, "WEB_PORT": str(port), "DATA_DIR": os.path.join(self.workdir, f"data-{number}")}
         if self.kind == "pipeline":

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 import urllib.request
@@ -22,7 +21,7 @@ from rich.table import Table
 
 from streams.config import load_settings
 from streams.demo import DemoTraffic, demo_traffic
-from streams.harness import RunningBroker, broker
+from streams.harness import RunningBroker, broker, free_port
 from streams.kafka_io import Consumed, WorkerProcess, collect, produce
 from streams.progress import StepProgress
 from streams.topics import create_topics
@@ -30,12 +29,6 @@ from streams.topics import create_topics
 __all__ = ["expected_outputs", "received_of", "run_demo", "worker_env"]
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def worker_env(
@@ -116,7 +109,7 @@ def run_demo(timeout: float = 120.0, report_dir: str | None = None) -> int:
         # A private suffix keeps a shared cluster's existing topics and groups out of the demo.
         suffix = "" if running.is_tansu else f"-demo-{uuid.uuid4().hex[:8]}"
         data_dir = tempfile.mkdtemp(prefix="confidence-demo-")
-        web_port = _free_port()
+        web_port = free_port()
         # Few outcomes in a demo: report calibration from 5 of them (default 20).
         env = worker_env(running, suffix, data_dir, web_port, CALIBRATION_MIN_SAMPLES="5")
         settings = load_settings(**{k.lower(): v for k, v in env.items()})

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import IO, Literal
 
 from streams.config import configured_bootstrap_servers
 
@@ -31,6 +33,7 @@ __all__ = [
     "broker",
     "configured_bootstrap_servers",
     "docker_available",
+    "free_port",
     "kraft_environment",
     "stop_on_sigterm",
     "tansu_binary",
@@ -83,10 +86,26 @@ def docker_available(timeout: float = 3.0) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# Ports for the listeners we start (broker, worker web servers, Prometheus). A port from the kernel's
+# ephemeral range (bind to port 0) is free when asked, but until the listener binds it an outgoing
+# connection (a Kafka client, say) can be given it. So the ports come from below that range (32768-60999
+# on Linux, 49152-65535 on macOS and Windows), in turn from a random start per process: two test
+# processes rarely reach the same port, and a port already bound is skipped.
+PORT_RANGE = range(20000, 32768)
+_port_turns = itertools.count(random.randrange(len(PORT_RANGE)))
+
+
+def free_port() -> int:
+    """A loopback port that nothing is bound to now, outside the ephemeral range (see PORT_RANGE)."""
+    for _ in PORT_RANGE:
+        port = PORT_RANGE[next(_port_turns) % len(PORT_RANGE)]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} on 127.0.0.1")
 
 
 def wait_for_kafka(
@@ -171,13 +190,14 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-@contextlib.contextmanager
-def _tansu() -> Iterator[RunningBroker]:
-    binary = tansu_binary()
-    port = _free_port()
+# Tansu exits when its port was taken between `free_port` and its bind (it reports "Address in use"):
+# start it again on another port rather than fail the run.
+TANSU_START_ATTEMPTS = 3
+
+
+def _start_tansu(binary: str, port: int, logfile: IO[bytes]) -> subprocess.Popen[bytes]:
     url = f"tcp://127.0.0.1:{port}"
-    logfile = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [
             binary,
             "broker",
@@ -192,23 +212,39 @@ def _tansu() -> Iterator[RunningBroker]:
         stderr=subprocess.STDOUT,
         env={**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")},
     )
-    bootstrap = f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def _tansu() -> Iterator[RunningBroker]:
+    binary = tansu_binary()
+    logfile = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
+    process: subprocess.Popen[bytes] | None = None
     failed = True
     try:
-        try:
-            wait_for_kafka(bootstrap, started=process)
-        except RuntimeError as exc:
-            raise RuntimeError(f"embedded Tansu on {bootstrap}: {exc}; its log: {logfile.name}") from None
+        for attempt in range(1, TANSU_START_ATTEMPTS + 1):
+            port = free_port()
+            bootstrap = f"127.0.0.1:{port}"
+            process = _start_tansu(binary, port, logfile)
+            try:
+                wait_for_kafka(bootstrap, started=process)
+                break
+            except RuntimeError as exc:  # it exited; a timeout (TimeoutError) is not tried again
+                if attempt == TANSU_START_ATTEMPTS:
+                    raise RuntimeError(
+                        f"embedded Tansu on {bootstrap}: {exc} ({attempt} attempts); its log: {logfile.name}"
+                    ) from None
+                log.warning("embedded Tansu on %s: %s; starting it on another port", bootstrap, exc)
         log.info("broker: embedded Tansu (%s) on %s, log %s", binary, bootstrap, logfile.name)
         yield RunningBroker("tansu", bootstrap)
         failed = False
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
         logfile.close()
         if not failed:  # kept when something failed, for its warnings; else one more file in /tmp
             with contextlib.suppress(OSError):
@@ -237,7 +273,7 @@ def _docker_kafka() -> Iterator[RunningBroker]:
     from testcontainers.core.container import DockerContainer
 
     # The advertised listener must name the host port, so the port is chosen before the start.
-    port = _free_port()
+    port = free_port()
     container = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, port)
     for name, value in kraft_environment(f"localhost:{port}").items():
         container = container.with_env(name, value)

