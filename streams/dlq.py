@@ -73,7 +73,17 @@ def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
         # Not JSON, JSON with NaN / Infinity (which orjson rejects), or nested deeper than orjson writes
         # (254 levels) or this module recurses: cut the values out textually.
         stripped = _strip_text(raw)
-    return stripped[:max_bytes]
+    return _cut(stripped, max_bytes)
+
+
+def _cut(data: bytes, max_bytes: int) -> bytes:
+    """`data[:max_bytes]` without a split UTF-8 character at the end: a consumer that decodes the record as
+    text would otherwise fail on all of it, not only on its last character."""
+    end = max(0, min(len(data), max_bytes))
+    floor = max(0, end - 3)  # a character is at most 4 bytes
+    while end > floor and end < len(data) and data[end] & 0xC0 == 0x80:
+        end -= 1  # the first byte left out continues a character: leave that character out whole
+    return data[:end]
 
 
 def _strip_text(raw: bytes) -> bytes:

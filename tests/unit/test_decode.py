@@ -137,6 +137,16 @@ def test_strip_keeps_other_fields_and_caps_size() -> None:
     assert len(strip_logprobs(b"x" * 500, 100)) == 100
 
 
+@pytest.mark.parametrize("max_bytes", range(40, 60))
+def test_a_cut_record_is_still_utf8(max_bytes: int) -> None:
+    """Capping the stored record in bytes could split a character: the DLQ value was not UTF-8."""
+    raw = orjson.dumps({"content": "é€😀" * 20, **BASE})  # 2-, 3- and 4-byte characters from byte 12
+    stored = strip_logprobs(raw, max_bytes)
+    assert max_bytes - 3 <= len(stored) <= max_bytes
+    assert raw.startswith(stored)
+    stored.decode("utf-8")  # raises on a split character
+
+
 def test_connect_headers() -> None:
     letter = DeadLetter(b"raw", "invalid_json", "ValidationError", "bad")
     headers = dict(connect_headers(letter, "agent-events", 3, 42))
