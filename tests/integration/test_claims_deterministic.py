@@ -19,7 +19,7 @@ from streams.harness import RunningBroker
 from streams.scoring.claim_graph import ClaimArrived, ClaimNode, apply_claim
 from streams.scoring.claims import ClaimsConfig
 from streams.stages.trace import claim_definition
-from tests.integration.fixtures import T0, Deployment, EventFactory, deploy
+from tests.integration.fixtures import T0, Deployment, EventFactory, count_of, deploy
 
 Triple = tuple[str, str, float, float]  # (source_event_id, claim_id, lower, upper)
 
@@ -195,9 +195,29 @@ def test_redelivered_claim_re_emits_its_own_output_only(kafka: RunningBroker) ->
     d.start_worker()
     try:
         first = _produce_and_wait(d, [a, b], 3)
-        again = _produce_and_wait(d, [b], 4)
+        d.produce([b])
+
+        def b_re_emitted(records: list[Any]) -> bool:
+            own = [o for o in d.outputs(records) if o["source_event_id"] == b["event_id"]]
+            return sum(1 for o in own if o.get("claim_id") == "B") >= 2
+
+        # B's own score again: the claim stage has processed the re-delivery.
+        d.collect(b_re_emitted, timeout=120)
+        # A marker claim after it (same tenant and trace; nothing points at it, so it scores only
+        # itself). One partition, one worker: the claim stage takes the marker in a later batch than
+        # the re-delivery, and a batch's outputs go out only once the previous batch's are
+        # acknowledged (streams/batch_runner.py), so every output the re-delivery caused is on the
+        # topic before the marker's score, whatever arrives late.
+        marker = f.claim("rd-trace", "M", minutes=2)
+        d.produce([marker])
+        records = d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic, {marker["event_id"]}), 120)
     finally:
         d.stop()
+    again = [
+        o
+        for o in d.outputs(records)
+        if o["event_type"] == "CLAIM_SCORED" and o["source_event_id"] in {a["event_id"], b["event_id"]}
+    ]
     assert len(first) == 3
     b_outputs = [o for o in again if o["source_event_id"] == b["event_id"]]
     # B's input produced B and A; its re-delivery re-emitted B's own output only (same id, same scores).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import re
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -32,6 +32,15 @@ def _status_or_none(port: int, path: str) -> int | None:
         return _status(port, path)
     except urllib.error.URLError:  # a worker still starting refuses connections
         return None
+
+
+SWEPT_TRACES = re.compile(r"swept [1-9][0-9]* expired traces")  # streams/agents.py, the sweep's INFO line
+
+
+def _sweeps(port: int) -> float:
+    """Expiry sweeps the worker has run: the count of `confidence_batch_seconds{agent="sweep"}`."""
+    count = scrape(port, timeout=5).value("confidence_batch_seconds_count", agent="sweep", phase="process")
+    return count or 0.0
 
 
 def _wait_for_status(port: int, path: str, status: int, what: str) -> None:
@@ -97,15 +106,32 @@ def test_state_expires_per_partition_and_a_future_dated_event_cannot_wipe_it(kaf
         assert kept_until <= datetime.now(UTC) + timedelta(hours=1, minutes=1)
         # A trace at the wall clock's time is 1 h behind the bounded clock, within its 2 h TTL: it stays
         # (unbounded, the 2999 clock would have swept it, and every other trace, at the next sweep).
+        # Behind it on the same partition, a trace 3 h behind the wall clock (4 h behind the bounded
+        # clock, past its TTL): its leaving proves a sweep ran after both were stored, with the clock
+        # at the bound, and decided to keep now-trace.
         now_trace = EventFactory(tenant="future").tool("now-trace", "find", "x")
         now_trace["timestamp"] = datetime.now(UTC).isoformat()
-        d.produce([now_trace])
-        d.collect(count_of("TRACE_SCORED", 1, d.settings.scored_topic, {now_trace["event_id"]}))
-        _wait_for_status(port, "/traces/future/now-trace", 200, "now-trace never stored")
-        marker_deadline = time.monotonic() + 5
-        while time.monotonic() < marker_deadline:  # several sweeps (0.5 s apart) must leave it in place
-            assert _status(port, "/traces/future/now-trace") == 200
-            time.sleep(0.5)
+        doomed = EventFactory(tenant="future").tool("doomed-trace", "find", "x")
+        doomed["timestamp"] = (datetime.now(UTC) - timedelta(hours=3)).isoformat()
+        swept_before = len(SWEPT_TRACES.findall(d.log_text()))  # kept-trace's sweep
+        d.produce([now_trace, doomed])  # one partition: doomed is applied after now-trace
+        ids = {now_trace["event_id"], doomed["event_id"]}
+        d.collect(count_of("TRACE_SCORED", 2, d.settings.scored_topic, ids))
+        _wait_for_status(port, "/traces/future/doomed-trace", 404, "the trace past its TTL was never swept")
+        # The 404 could also mean it was never stored: the sweep's log line says it was swept.
+        assert len(SWEPT_TRACES.findall(d.log_text())) > swept_before
+        assert _status(port, "/traces/future/now-trace") == 200
+        # And it stays through three more sweeps, counted by the sweep's own timing histogram (a sweep
+        # that found the worker rebalancing or stopping returns before it and is not counted).
+        sweeps_from = _sweeps(port)
+
+        def sweeps_with_now_trace_kept() -> float:
+            assert _status(port, "/traces/future/now-trace") == 200  # at every poll
+            return _sweeps(port)
+
+        sweeps = poll(sweeps_with_now_trace_kept, lambda n: n >= sweeps_from + 3, 30, 0.2)
+        assert sweeps >= sweeps_from + 3, f"the sweep stopped running ({sweeps_from} -> {sweeps} sweeps)"
+        assert _status(port, "/traces/future/now-trace") == 200
     finally:
         d.stop()
 

@@ -19,6 +19,7 @@ import pytest
 from streams.harness import RunningBroker
 from streams.kafka_io import Consumed
 from tests.integration.fixtures import Deployment, EventFactory, assigned_partitions, deploy, health, poll
+from tests.integration.workload import scrape
 
 # Rate- and timing-based: `make test` runs these alone, after the parallel run of the rest.
 pytestmark = pytest.mark.serial
@@ -43,6 +44,32 @@ def _diagnosis(d: Deployment) -> str:
         alive = "running" if worker.alive() else "exited"
         parts.append(f"worker {n} ({alive}) /readyz: {_readyz(port)}\n" + "".join(notable[-15:]))
     return "\n".join(parts)
+
+
+def _input_partitions(d: Deployment, port: int) -> set[str] | None:
+    """The input partitions the worker at `port` consumes, as its `confidence_consumer_lag` gauge names
+    them (streams/lag.py: exactly the assigned input and internal partitions, resampled every 5 s);
+    None while it does not answer."""
+    try:
+        s = scrape(port, timeout=5)
+    except (urllib.error.URLError, OSError, AssertionError, ValueError):
+        return None
+    topic = d.settings.input_topic_names[0]
+    series = [dict(labels) for labels in s.series("confidence_consumer_lag")]
+    return {labels["partition"] for labels in series if labels.get("topic") == topic}
+
+
+def _each_owns_a_share(d: Deployment, ports: list[int]) -> bool:
+    """Every worker at `ports` is ready with partitions assigned and consumes at least one input
+    partition, no input partition is consumed by two of them, and together they consume them all."""
+    if not all(assigned_partitions(port) for port in ports):  # None (not ready) or 0
+        return False
+    owned = [_input_partitions(d, port) for port in ports]
+    if not all(owned):  # None or empty
+        return False
+    shares = [share for share in owned if share]
+    every = {str(p) for p in range(d.settings.topic_partitions)}
+    return sum(map(len, shares)) == len(every) and set().union(*shares) == every
 
 
 def _wait_until(condition: str, check: Callable[[], object], d: Deployment, timeout: float = 60.0) -> None:
@@ -88,16 +115,23 @@ def test_events_flowing_while_workers_leave_and_join_are_all_scored(kafka: Runni
         return assigned_partitions(port) or 0
 
     try:
-        _wait_until("both workers own a share", lambda: None not in map(assigned_partitions, d.web_ports), d)
+        _wait_until("both workers own a share", lambda: _each_owns_a_share(d, d.web_ports), d)
         shared = owned()
         with Trickle(d) as trickle:
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             leaving.stop()
             _wait_until("the staying worker took over every partition", lambda: owned() > shared, d)
+            _wait_until(
+                "the staying worker consumes every input partition", lambda: _each_owns_a_share(d, [port]), d
+            )
             alone = owned()
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             joining = d.start_worker()
             _wait_until("the joining worker took a share", lambda: 0 < owned() < alone, d)
+            both = [port, d.web_ports[-1]]  # the staying and the joining worker
+            _wait_until(
+                "the joining worker consumes an input partition", lambda: _each_owns_a_share(d, both), d
+            )
             time.sleep(TRAFFIC_AROUND_EACH_CHANGE_SECONDS)
             joining.stop()
             _wait_until("the staying worker took over every partition", lambda: owned() == alone, d)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -147,12 +149,59 @@ def _tail_phase_stored(views: dict[str, Any]) -> bool:
     )
 
 
+def _re_emitted(o: dict[str, Any], inputs: dict[str, dict[str, Any]]) -> bool:
+    """Whether a re-delivery of the output's input re-emits it: every output but the re-scores of other
+    claims (a CLAIM re-emits only its own score)."""
+    return o["event_type"] != "CLAIM_SCORED" or bool(
+        o["claim_id"] == inputs[o["source_event_id"]]["claim_id"]
+    )
+
+
+def _each_arrived(d: Deployment, wanted: Counter[str]) -> Callable[[list[Consumed]], bool]:
+    """`collect`'s condition: each output id in `wanted` was read at least that many times."""
+
+    def done(records: list[Consumed]) -> bool:
+        seen = Counter(o["event_id"] for o in _scored(d, records))
+        return all(seen[event_id] >= n for event_id, n in wanted.items())
+
+    return done
+
+
+def _through_markers(d: Deployment, f: EventFactory, markers: set[str]) -> list[dict[str, Any]]:
+    """Every scored output read once a marker input has passed each stage that emits them; the markers'
+    own outputs left out (`markers` collects their ids).
+
+    Call it once each stage has processed what is checked (its outputs were read): each marker is then
+    taken in a later batch of the same stage agent (stage 1 for TRACE_SCORED and SYNTHESIS_SCORED, the
+    history stage for RESPONSE_SCORED, the claim stage for CLAIM_SCORED; one agent per stage for all
+    partitions on the one worker), and a batch's outputs go out only once the previous batch's are
+    acknowledged (streams/batch_runner.py). So an output the earlier inputs caused in those stages, on
+    any partition, is on the topic before the marker's output. A tenant of their own: the views
+    compared below are not touched.
+    """
+    trace = f"marker-{len(markers)}"
+    events = [
+        f.tool(trace, "find", "marker"),
+        f.response(trace, agent="marker-agent"),
+        f.claim(trace, f"marker-claim-{len(markers)}"),
+    ]
+    ids = {e["event_id"] for e in events}
+    markers |= ids
+    d.produce(events)
+    records = d.collect(lambda rs: ids <= {o["source_event_id"] for o in _scored(d, rs)})
+    return [o for o in _scored(d, records) if o["source_event_id"] not in markers]
+
+
 def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     d.start_worker()
+    marker_factory = EventFactory(tenant="redeliver-marker")
+    markers: set[str] = set()
     try:
         phases = _phases("redeliver")
-        first = _scored(d, _run(d, phases))
+        _run(d, phases)
+        # Through the markers: `first` holds every output of the first pass, late copies included.
+        first = _through_markers(d, marker_factory, markers)
         first_keys = {_key(o) for o in first}
         # Wait until the views show the tail phase (tr-0 and tr-5 at minute 22, agent-0's second
         # response) before taking the snapshot, so the snapshot does not depend on when it is read.
@@ -160,20 +209,27 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         assert _tail_phase_stored(state_before), state_before
         # The same inputs again: each re-emits its remembered outputs (a CLAIM only its own score).
         again = [e for events, _ in phases for e in events]
-        redelivered_outputs = sum(2 if e.get("role") == "synthesis" else 1 for e in again)
+        inputs = {e["event_id"]: e for e in again}
+        distinct = {o["event_id"]: o for o in first}.values()
+        re_emitted = Counter(o["event_id"] for o in distinct if _re_emitted(o, inputs))
+        assert sum(re_emitted.values()) == sum(2 if e.get("role") == "synthesis" else 1 for e in again)
+        once_more = Counter(o["event_id"] for o in first) + re_emitted
         d.produce(again)
-        records = d.collect(lambda rs: len(_scored(d, rs)) >= len(first) + redelivered_outputs)
-        outputs = _scored(d, records)
-        assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
+        # Every re-emitted output read (so each stage has processed the re-deliveries), then the markers:
+        # no output the re-deliveries caused can still be on its way, so the count is exact.
+        d.collect(_each_arrived(d, once_more))
+        outputs = _through_markers(d, marker_factory, markers)
+        assert Counter(o["event_id"] for o in outputs) == once_more  # no new id, no copy too many
         assert {_key(o) for o in outputs} == first_keys
         assert _views(d) == state_before
         # Once more, each re-stamped an hour later, as a producer that stamps its retries sends them:
         # the same event ids, so the same output ids and no state counted twice.
         restamped = [{**e, "timestamp": _an_hour_later(e["timestamp"])} for e in again]
         d.produce(restamped)
-        wanted = len(outputs) + redelivered_outputs
-        outputs = _scored(d, d.collect(lambda rs: len(_scored(d, rs)) >= wanted))
-        assert {o["event_id"] for o in outputs} == {k for k, _ in first_keys}
+        twice_more = once_more + re_emitted
+        d.collect(_each_arrived(d, twice_more))
+        outputs = _through_markers(d, marker_factory, markers)
+        assert Counter(o["event_id"] for o in outputs) == twice_more
         assert _views(d) == state_before
     finally:
         d.stop()
