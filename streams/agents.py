@@ -190,11 +190,14 @@ def attach_agents(svc: Service) -> ClaimFacts:
             svc.traces.set_from(key, None, partition)
             traces.forget(key)
         expired_claims = [
-            key
+            (key, node)
             for key, node in claims.due(owned(recovery, svc.claims, svc.claim_stage.clock))
             if svc.claim_stage.expired(key, node)
         ]
-        for key in expired_claims:
+        # Before the deletes: the claims they pointed at drop their entries (read from the table).
+        for key, write in svc.claim_stage.without_expired(expired_claims, claims.load).items():
+            write_claim(key, write)
+        for key, _ in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
             claim_facts.forget(key)

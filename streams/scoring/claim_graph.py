@@ -19,7 +19,7 @@ Who depends on whom (seed 002 with DESIGN 4b):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -53,6 +53,7 @@ __all__ = [
     "apply_claim",
     "interval_of",
     "neighbour_facts",
+    "without_expired",
 ]
 
 SELF = "self"
@@ -383,6 +384,30 @@ def _affected(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition) 
     # X first, then the others in id order; claims that have not arrived are not scored.
     others = sorted(c for c in seen - {me} if graph.definition(c) is not None)
     return [me, *others]
+
+
+def without_expired(load: Loader, expired: Mapping[str, ClaimNode]) -> dict[str, ClaimNode]:
+    """The nodes that still hold an edge or a `derived_by` entry of an `expired` claim, without it.
+
+    The reverse index is kept only while its claim lives: left behind, an expired claim's entries counted
+    against its targets' CLAIM_NODE_MAX_BYTES for ever, and a new claim of the same id that declared no
+    such edge still boosted or penalised them (`_reindex` sees no old version to take the edge back from).
+    No score changes: an expired claim already counted for no one.
+    """
+    changed: dict[str, ClaimNode] = {}
+    for me in sorted(expired):
+        definition = expired[me].definition
+        for target in sorted(_edges_by_target(definition).keys() | _constituents(definition)):
+            if target in expired:
+                continue  # deleted with it
+            node = changed[target] if target in changed else load(target)
+            if node is None:
+                continue
+            incoming = {peer: edges for peer, edges in node.incoming.items() if peer != me}
+            derived_by = tuple(d for d in node.derived_by if d != me)
+            if len(incoming) != len(node.incoming) or derived_by != node.derived_by:
+                changed[target] = node.model_copy(update={"incoming": incoming, "derived_by": derived_by})
+    return changed
 
 
 def _bounded(items: dict[str, ClaimScore], limit: int) -> dict[str, ClaimScore]:

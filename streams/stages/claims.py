@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,6 +33,12 @@ from streams.stages.common import (
 from streams.state import CalibrationItem, CalibrationSubject, ClaimMessage, table_key
 
 __all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
+
+
+def _load_of(
+    load: Callable[[bytes], claim_graph.ClaimNode | None], tenant: str, claim_id: str
+) -> claim_graph.ClaimNode | None:
+    return load(table_key(tenant, claim_id))
 
 
 def claim_message(
@@ -194,6 +201,25 @@ class ClaimStage:
             )
             source = upstream("claims", partition)
             out.calibrate(tenant, source, CalibrationItem(subject=subject, received_at=received_at))
+
+    def without_expired(
+        self,
+        expired: Iterable[tuple[bytes, claim_graph.ClaimNode]],
+        load: Callable[[bytes], claim_graph.ClaimNode | None],
+    ) -> dict[bytes, ClaimWrite]:
+        """The nodes to rewrite when the sweep deletes `expired`: the claims they pointed at, without
+        their entries (`claim_graph.without_expired`)."""
+        by_tenant: dict[str, dict[str, claim_graph.ClaimNode]] = {}
+        for key, node in expired:
+            tenant, claim_id = orjson.loads(key)
+            by_tenant.setdefault(str(tenant), {})[str(claim_id)] = node
+        writes: dict[bytes, ClaimWrite] = {}
+        for tenant, nodes in by_tenant.items():
+            partition = tenant_partition(tenant, self.settings.topic_partitions)
+            changed = claim_graph.without_expired(functools.partial(_load_of, load, tenant), nodes)
+            for claim_id, node in changed.items():
+                writes[table_key(tenant, claim_id)] = ClaimWrite(node, partition)
+        return writes
 
     def partition_of(self, key: bytes) -> int:
         """The changelog partition of a claims table key ([tenant, claim_id]): its tenant's."""

@@ -190,6 +190,45 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
         d.stop()
 
 
+def test_a_claim_id_used_again_after_it_expired_carries_no_edge_of_its_old_version(
+    kafka: RunningBroker,
+) -> None:
+    """The sweep deleted an expired claim's node but left its edge in the claim it supported: a new
+    claim with the same id, declaring no relationship, boosted that claim again (found by review)."""
+    d = deploy(
+        kafka,
+        partitions=2,
+        CLAIM_TTL_DAYS="1",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
+    )
+    d.start_worker()
+    scored = d.settings.scored_topic
+
+    def boost_of(event: dict[str, object]) -> float:
+        records = d.collect(count_of("CLAIM_SCORED", 1, scored, {event["event_id"]}))
+        (output,) = (o for o in d.outputs(records) if o["source_event_id"] == event["event_id"])
+        return float(output["interval"]["factors"]["support_boost"])
+
+    try:
+        f = EventFactory(tenant="claim-reuse")
+        supports = [{"type": "supports", "target": "t", "strength": 1.0}]
+        d.produce([f.claim("cr-trace", "x", minutes=0, relationships=supports)])
+        first_t = f.claim("cr-trace", "t", minutes=1)
+        d.produce([first_t])
+        assert boost_of(first_t) > 1.0  # the premise: x's edge counts for t
+        # Two days later t is updated and x, untouched since minute 0, is past its 1-day TTL.
+        d.produce([f.claim("cr-trace", "t", minutes=2 * 24 * 60)])
+        _wait_for_status(d.web_ports[0], "/claims/claim-reuse/x", 404, "the expired claim was never swept")
+        d.produce([f.claim("cr-trace", "x", minutes=2 * 24 * 60 + 1)])  # the id again, no relationship
+        last_t = f.claim("cr-trace", "t", minutes=2 * 24 * 60 + 2)
+        d.produce([last_t])
+        assert boost_of(last_t) == 1.0
+    finally:
+        d.stop()
+
+
 def test_state_a_worker_takes_over_still_expires(kafka: RunningBroker) -> None:
     """State a worker restores from the changelog when it takes over a stopped worker's partition was
     never written through its own code: the sweep must still find it (the sweep index scans the table

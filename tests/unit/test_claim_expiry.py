@@ -13,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import pytest
 
 from streams.stages.common import ExpiryClock
 from tests.unit import stage_records
-from tests.unit.test_claim_node_bound import _claim, _Worker
+from tests.unit.test_claim_node_bound import _claim, _supports, _Worker
 
 T0 = datetime(2026, 9, 1, tzinfo=UTC)  # CLAIM_TTL_DAYS is 30
 
@@ -26,12 +27,16 @@ def _at(event: dict[str, Any], day: float) -> dict[str, Any]:
 
 
 def _sweep(w: _Worker) -> set[str]:
-    """Delete the expired nodes, as the worker's sweep does; their claim ids."""
-    gone = [key for key in list(w.table) if w.stage.expired(key, w.nodes.load(key))]
-    for key in gone:
+    """Delete the expired nodes, as the worker's sweep does (first taking their entries out of the
+    nodes they pointed at); their claim ids."""
+    loaded = [(key, w.nodes.load(key)) for key in list(w.table)]
+    gone = [(key, node) for key, node in loaded if node is not None and w.stage.expired(key, node)]
+    for key, write in w.stage.without_expired(gone, w.nodes.load).items():
+        w.table[key] = w.nodes.encode(key, write.node)
+    for key, _ in gone:
         del w.table[key]
         w.nodes.forget(key)
-    return {orjson.loads(key)[1] for key in gone}
+    return {orjson.loads(key)[1] for key, _ in gone}
 
 
 def _factors(records: list[Any], claim_id: str) -> dict[str, float]:
@@ -88,3 +93,44 @@ def test_a_derived_claim_re_sent_keeps_its_constituents_index_alive() -> None:
 def test_everything_expires_once_nothing_points_at_it_any_more() -> None:
     x = _claim(0, "x", relationships=[{"type": "supports", "target": "t", "strength": 1.0}])
     assert _sweep(_aged(x, versions=(10,), until=41)) == {"x", "t"}
+
+
+@pytest.mark.parametrize("kind", ["supports", "contradicts"])
+def test_a_claim_id_used_again_after_it_expired_takes_no_edge_of_its_old_version(kind: str) -> None:
+    """x (kind t) expires while t, re-sent, lives on; a new x with no relationships arrives. t's node
+    kept x's old edge, so t took x's support (or a one-sided penalty) again (found by review)."""
+    w = _Worker(limit=1_040_000)
+    w.stage.clock = ExpiryClock(timedelta(hours=1))
+    x = _claim(0, "x", relationships=[{"type": kind, "target": "t", "strength": 1.0}])
+    w.run([_at(x, 0), _at(_claim(1, "t"), 0)], [])
+    premise = _factors(w.run([_at({**_claim(2, "t"), "statement": "t v2"}, 20)], []), "t")
+    assert (premise["support_boost"], premise["contradiction_penalty"]) != (1.0, 1.0)  # x's edge counts
+    w.run([_at(_claim(5, "other"), 31)], [])
+    assert _sweep(w) == {"x"}
+    w.run([_at({**_claim(6, "x"), "statement": "unrelated"}, 35)], [])
+    factors = _factors(w.run([_at({**_claim(7, "t"), "statement": "t v3"}, 36)], []), "t")
+    assert (factors["support_boost"], factors["contradiction_penalty"]) == (1.0, 1.0)
+
+
+def test_the_sweep_leaves_no_entry_of_an_expired_claim_in_the_nodes_it_pointed_at() -> None:
+    """Expired supporters and derived claims counted against the live claim's CLAIM_NODE_MAX_BYTES: a
+    long-lived claim with short-lived supporters came to refuse every new one (`claim_node_full`)."""
+    w = _Worker()  # the smallest bound
+    w.stage.clock = ExpiryClock(timedelta(hours=1))
+    refused = 0
+    for round_ in range(3):  # every 31 days 200 new supporters and a derived claim; the old ones expire
+        day = 31 * round_
+        w.run([_at(_claim(1000 * round_ + 998, "clock"), day)], [])  # the tenant's event time moves on
+        _sweep(w)
+        events = [_at({**_claim(0, "hub"), "event_id": f"hub-{round_}"}, day)]
+        events += [
+            _at(_claim(1000 * round_ + i, f"s{round_}-{i:03d}", relationships=[_supports("hub")]), day)
+            for i in range(200)
+        ]
+        events.append(_at(_claim(1000 * round_ + 999, f"d{round_}", derived_from=["hub"]), day))
+        events.append(_at({**_claim(0, "hub"), "event_id": f"hub-{round_}-again"}, day + 16))  # it lives on
+        refused += len(stage_records.dead(w.run(events, [1] * len(events))))
+    assert refused == 0
+    hub = w.node("hub")
+    assert sorted(hub["incoming"]) == [f"s2-{i:03d}" for i in range(200)]
+    assert hub["derived_by"] == ["d2"]
