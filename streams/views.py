@@ -345,13 +345,14 @@ def tenant_of_key(key: bytes) -> object:
 def calibration_group_matches(
     group: GroupCalibration, model: str | None, agent_type: str | None, kind: str | None
 ) -> bool:
-    """`model=` and `agent_type=` select groups of that dimension (either, when both are given)."""
+    """`model=` and `agent_type=` select groups of that dimension (either, when both are given); agent
+    types are grouped lower-cased, so `agent_type=` matches them case-insensitively."""
     if kind is not None and group.kind != kind:
         return False
     if model is None and agent_type is None:
         return True
     return (model is not None and group.dimension == "model" and group.value == model) or (
-        agent_type is not None and group.dimension == "agent_type" and group.value == agent_type
+        agent_type is not None and group.dimension == "agent_type" and group.value == agent_type.lower()
     )
 
 

@@ -292,10 +292,10 @@ class CalibrationStage:
         out: Outputs,
     ) -> None:
         """Count one (score, outcome) pair in every group the subject belongs to."""
-        groups: list[tuple[Dimension, str | None]] = [
-            ("model", subject.model),
-            ("agent_type", subject.agent_type),
-        ]
+        # Agent types group lower-cased: the composite threshold they advise on matches them
+        # case-insensitively (DESIGN section 4b), so "Planner" and "planner" are one group.
+        agent_type = None if subject.agent_type is None else subject.agent_type.lower()
+        groups: list[tuple[Dimension, str | None]] = [("model", subject.model), ("agent_type", agent_type)]
         for kind, predicted in subject.scores.items():
             for dimension, value in groups:
                 if value is None:

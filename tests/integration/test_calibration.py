@@ -89,8 +89,15 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             correct = rng.random() < p - shift
             trace = f"{model}-{i % 40}"
             minutes = i * 0.02
+            # One agent type in two spellings: grouped as one, as its composite threshold matches it.
+            agent_type = "planner" if model == "calibrated" else "Planner"
             response = f.response(
-                trace, minutes, model=model, token_logprobs=[math.log(p)], **STRONG_COMPOSITE
+                trace,
+                minutes,
+                agent_type=agent_type,
+                model=model,
+                token_logprobs=[math.log(p)],
+                **STRONG_COMPOSITE,
             )
             verdict = f.outcome(trace, minutes + 0.01, subject_event_id=response["event_id"], correct=correct)
             # Every tenth outcome is produced before its response: it must wait for the score.
@@ -111,7 +118,7 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             lambda: group_view(d, "model=overconfident&kind=response", N), "the overconfident group's view"
         )
         planner = wait_for(
-            lambda: group_view(d, "agent_type=planner&kind=response&target_precision=0.8", 2 * N),
+            lambda: group_view(d, "agent_type=PLANNER&kind=response&target_precision=0.8", 2 * N),
             "the agent type group",
         )
         # The filters: model= and agent_type= together select the groups of either; kind= narrows.

@@ -86,7 +86,9 @@ class _Worker:
         return group
 
 
-def _score(subject_id: str, minutes: float, score: float = 0.8, model: str = "m") -> CalibrationItem:
+def _score(
+    subject_id: str, minutes: float, score: float = 0.8, model: str = "m", agent_type: str = "a"
+) -> CalibrationItem:
     subject = CalibrationSubject(
         subject_type="response",
         subject_id=subject_id,
@@ -94,7 +96,7 @@ def _score(subject_id: str, minutes: float, score: float = 0.8, model: str = "m"
         scores={"response": score},
         action="allow",
         model=model,
-        agent_type="a",
+        agent_type=agent_type,
     )
     return CalibrationItem(subject=subject, received_at=1.0)
 
@@ -349,3 +351,13 @@ def test_the_ece_alert_compares_the_ece_rounded_to_9_decimals() -> None:
     assert updates and all(u["ece"] != 0.1 and round(u["ece"], 9) == 0.1 for u in updates)
     assert all(u["alert"] is True for u in updates)
     assert [r.topic for r in records].count(worker.settings.flagged_topic) == len(updates)
+
+
+def test_agent_types_that_differ_only_in_case_are_one_group() -> None:
+    """The composite threshold a group advises on matches agent types case-insensitively (DESIGN
+    section 4b): "Planner" and "planner" were two groups advising one threshold on half the data each."""
+    w = _Worker()
+    w.feed(_score("r1", 0, agent_type="Planner"), _score("r2", 1, agent_type="planner"))
+    w.feed(_outcome("o1", "r1", 2), _outcome("o2", "r2", 3, correct=False))
+    assert calibration.total(w.group_of("agent_type", "planner").bins) == 2
+    assert group_key(TENANT, "agent_type", "Planner", "response") not in w.tables
