@@ -189,11 +189,14 @@ def attach_agents(svc: Service) -> ClaimFacts:
         for key, partition in expired_traces:
             svc.traces.set_from(key, None, partition)
             traces.forget(key)
-        expired_claims = [
-            (key, node)
-            for key, node in claims.due(owned(recovery, svc.claims, svc.claim_stage.clock))
-            if svc.claim_stage.expired(key, node)
-        ]
+        expired_claims = svc.claim_stage.sweepable(
+            [
+                (key, node)
+                for key, node in claims.due(owned(recovery, svc.claims, svc.claim_stage.clock))
+                if svc.claim_stage.expired(key, node)
+            ],
+            svc.claims.__contains__,
+        )
         # Before the deletes: the claims they pointed at drop their entries (read from the table).
         for key, write in svc.claim_stage.without_expired(expired_claims, claims.load).items():
             write_claim(key, write)

@@ -53,6 +53,7 @@ __all__ = [
     "apply_claim",
     "interval_of",
     "neighbour_facts",
+    "sweepable",
     "without_expired",
 ]
 
@@ -384,6 +385,36 @@ def _affected(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition) 
     # X first, then the others in id order; claims that have not arrived are not scored.
     others = sorted(c for c in seen - {me} if graph.definition(c) is not None)
     return [me, *others]
+
+
+def sweepable(candidates: Mapping[str, ClaimNode], exists: Callable[[str], bool]) -> set[str]:
+    """The `candidates` (a tenant's claims past their TTL) that may be deleted: those no live claim
+    points at, directly or through other candidates.
+
+    A claim's edges live in its targets' nodes, and a version touches only the claims it names, so a
+    claim kept alive by being pointed at (touched by its supporter's versions, never re-sent itself)
+    does not touch its own targets: deleting those lost its edge, and a contradiction became one-sided
+    (found by review). A candidate pointed at by a claim that `exists` and is not a candidate is kept,
+    and so is every candidate a kept one points at; a cycle of candidates nobody live points at goes.
+    """
+    kept_by: dict[str, list[str]] = {}  # candidate -> the candidates it points at
+    keep: list[str] = []
+    for me in sorted(candidates):
+        node = candidates[me]
+        for peer in sorted(node.incoming.keys() | set(node.derived_by)):
+            if peer == me:
+                continue
+            if peer in candidates:
+                kept_by.setdefault(peer, []).append(me)
+            elif exists(peer):
+                keep.append(me)
+    kept: set[str] = set()
+    while keep:
+        me = keep.pop()
+        if me not in kept:
+            kept.add(me)
+            keep.extend(kept_by.get(me, ()))
+    return set(candidates) - kept
 
 
 def without_expired(load: Loader, expired: Mapping[str, ClaimNode]) -> dict[str, ClaimNode]:

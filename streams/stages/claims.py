@@ -202,6 +202,22 @@ class ClaimStage:
             source = upstream("claims", partition)
             out.calibrate(tenant, source, CalibrationItem(subject=subject, received_at=received_at))
 
+    def sweepable(
+        self, expired: Iterable[tuple[bytes, claim_graph.ClaimNode]], exists: Callable[[bytes], bool]
+    ) -> list[tuple[bytes, claim_graph.ClaimNode]]:
+        """Of the claims past their TTL, those the sweep may delete: no live claim points at them
+        (`claim_graph.sweepable`); the others stay due and are looked at again by the next sweep."""
+        by_tenant: dict[str, dict[str, tuple[bytes, claim_graph.ClaimNode]]] = {}
+        for key, node in expired:
+            tenant, claim_id = orjson.loads(key)
+            by_tenant.setdefault(str(tenant), {})[str(claim_id)] = (key, node)
+        deletable: list[tuple[bytes, claim_graph.ClaimNode]] = []
+        for tenant, claims in by_tenant.items():
+            nodes = {claim_id: node for claim_id, (_, node) in claims.items()}
+            gone = claim_graph.sweepable(nodes, lambda claim_id, t=tenant: exists(table_key(t, claim_id)))
+            deletable += [claims[claim_id] for claim_id in sorted(gone)]
+        return deletable
+
     def without_expired(
         self,
         expired: Iterable[tuple[bytes, claim_graph.ClaimNode]],

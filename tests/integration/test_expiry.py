@@ -43,6 +43,10 @@ def _sweeps(port: int) -> float:
     return count or 0.0
 
 
+def _supports(target: str) -> dict[str, object]:
+    return {"type": "supports", "target": target, "strength": 0.5}
+
+
 def _wait_for_status(port: int, path: str, status: int, what: str) -> None:
     assert poll(lambda: _status_or_none(port, path), lambda seen: seen == status, 30, 0.2) == status, what
 
@@ -225,6 +229,42 @@ def test_a_claim_id_used_again_after_it_expired_carries_no_edge_of_its_old_versi
         last_t = f.claim("cr-trace", "t", minutes=2 * 24 * 60 + 2)
         d.produce([last_t])
         assert boost_of(last_t) == 1.0
+    finally:
+        d.stop()
+
+
+def test_a_claim_alive_by_being_pointed_at_keeps_the_claim_it_contradicts(kafka: RunningBroker) -> None:
+    """y contradicts t (a stub) and lives on because z's versions touch it; t is never touched again.
+    The sweep deleted t, y's edge with it, and t arrived without y's contradiction (found by review)."""
+    d = deploy(
+        kafka,
+        partitions=2,
+        CLAIM_TTL_DAYS="1",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
+    )
+    d.start_worker()
+    try:
+        f = EventFactory(tenant="claim-chain")
+        contradicts = [{"type": "contradicts", "target": "t", "strength": 1.0}]
+        d.produce([f.claim("cc-trace", "y", minutes=0, relationships=contradicts)])
+        d.produce([f.claim("cc-trace", "lonely", minutes=0)])  # swept by the same sweep as t would be
+        hours = 60
+        d.produce([f.claim("cc-trace", "z", minutes=20 * hours, relationships=[_supports("y")])])
+        d.produce([f.claim("cc-trace", "clock", minutes=36 * hours)])  # t and lonely past their 1-day TTL
+        _wait_for_status(
+            d.web_ports[0], "/claims/claim-chain/lonely", 404, "the lonely claim was never swept"
+        )
+        arriving = f.claim("cc-trace", "t", minutes=37 * hours)
+        d.produce([arriving])
+        records = d.collect(count_of("CLAIM_SCORED", 1, d.settings.scored_topic, {arriving["event_id"]}))
+        (t,) = (
+            o
+            for o in d.outputs(records)
+            if o["source_event_id"] == arriving["event_id"] and o["claim_id"] == "t"
+        )
+        assert t["interval"]["factors"]["contradiction_penalty"] < 1.0
     finally:
         d.stop()
 

@@ -27,10 +27,11 @@ def _at(event: dict[str, Any], day: float) -> dict[str, Any]:
 
 
 def _sweep(w: _Worker) -> set[str]:
-    """Delete the expired nodes, as the worker's sweep does (first taking their entries out of the
-    nodes they pointed at); their claim ids."""
+    """Delete the expired nodes no live claim points at, as the worker's sweep does (first taking their
+    entries out of the nodes they pointed at); their claim ids."""
     loaded = [(key, w.nodes.load(key)) for key in list(w.table)]
-    gone = [(key, node) for key, node in loaded if node is not None and w.stage.expired(key, node)]
+    past_ttl = [(key, node) for key, node in loaded if node is not None and w.stage.expired(key, node)]
+    gone = w.stage.sweepable(past_ttl, w.table.__contains__)
     for key, write in w.stage.without_expired(gone, w.nodes.load).items():
         w.table[key] = w.nodes.encode(key, write.node)
     for key, _ in gone:
@@ -134,3 +135,32 @@ def test_the_sweep_leaves_no_entry_of_an_expired_claim_in_the_nodes_it_pointed_a
     hub = w.node("hub")
     assert sorted(hub["incoming"]) == [f"s2-{i:03d}" for i in range(200)]
     assert hub["derived_by"] == ["d2"]
+
+
+def test_a_claim_alive_by_being_pointed_at_keeps_the_claims_it_points_at() -> None:
+    """y contradicts t (a stub); z's versions touch y, never t. The sweep deleted t with y's edge in it,
+    and when t arrived the contradiction was one-sided: y penalised, t not (found by review)."""
+    w = _Worker(limit=1_040_000)
+    w.stage.clock = ExpiryClock(timedelta(hours=1))
+    w.run(
+        [_at(_claim(0, "y", relationships=[{"type": "contradicts", "target": "t", "strength": 1.0}]), 0)], []
+    )
+    w.run([_at(_claim(1, "z", relationships=[_supports("y")]), 20)], [])  # y touched on day 20, t not
+    w.run([_at(_claim(5, "other"), 31)], [])  # the tenant's event time: day 31, t past its TTL
+    assert _sweep(w) == set()  # t is pointed at by y, which z keeps alive
+    arrived = w.run([_at(_claim(6, "t"), 32)], [])
+    assert _factors(arrived, "t")["contradiction_penalty"] < 1.0
+    # Once nothing live points at the chain any more, it goes as a whole.
+    w.run([_at(_claim(7, "later"), 80)], [])
+    assert _sweep(w) >= {"y", "z", "t"}
+
+
+def test_a_cycle_nobody_live_points_at_expires() -> None:
+    """Two claims that contradict each other point at each other: neither may keep the other alive."""
+    w = _Worker(limit=1_040_000)
+    w.stage.clock = ExpiryClock(timedelta(hours=1))
+    a = _claim(0, "a", relationships=[{"type": "contradicts", "target": "b", "strength": 1.0}])
+    b = _claim(1, "b", relationships=[{"type": "contradicts", "target": "a", "strength": 1.0}])
+    w.run([_at(a, 0), _at(b, 0)], [])
+    w.run([_at(_claim(5, "other"), 31)], [])
+    assert _sweep(w) == {"a", "b"}
