@@ -15,7 +15,7 @@ from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, produce
 from streams.stages.common import key_partition
 from streams.state import table_key
-from tests.integration.fixtures import EventFactory, count_of, deploy, health, http_get, poll
+from tests.integration.fixtures import Deployment, EventFactory, count_of, deploy, health, http_get, poll
 from tests.integration.workload import scrape
 
 
@@ -41,6 +41,18 @@ def _sweeps(port: int) -> float:
     """Expiry sweeps the worker has run: the count of `confidence_batch_seconds{agent="sweep"}`."""
     count = scrape(port, timeout=5).value("confidence_batch_seconds_count", agent="sweep", phase="process")
     return count or 0.0
+
+
+def _deploy_one_day_claims(kafka: RunningBroker) -> Deployment:
+    """Claims live one day of event time, swept every 0.5 s."""
+    return deploy(
+        kafka,
+        partitions=2,
+        CLAIM_TTL_DAYS="1",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
+        EVENT_TIME_MAX_AHEAD_HOURS="876600",
+    )
 
 
 def _supports(target: str) -> dict[str, object]:
@@ -145,14 +157,7 @@ def test_claims_and_stubs_expire_by_event_time(kafka: RunningBroker) -> None:
     never arrives); a claim or stub that a live claim points at lives as long as that claim, since its
     node holds the live claim's edge (a claim re-sent with the same relationships outlived its target's
     node and lost the edge: a contradiction became one-sided, found by review)."""
-    d = deploy(
-        kafka,
-        partitions=2,
-        CLAIM_TTL_DAYS="1",
-        SWEEP_INTERVAL_SECONDS="0.5",
-        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
-        EVENT_TIME_MAX_AHEAD_HOURS="876600",
-    )
+    d = _deploy_one_day_claims(kafka)
     d.start_worker()
     try:
         f = EventFactory(tenant="claim-ttl")
@@ -199,14 +204,7 @@ def test_a_claim_id_used_again_after_it_expired_carries_no_edge_of_its_old_versi
 ) -> None:
     """The sweep deleted an expired claim's node but left its edge in the claim it supported: a new
     claim with the same id, declaring no relationship, boosted that claim again (found by review)."""
-    d = deploy(
-        kafka,
-        partitions=2,
-        CLAIM_TTL_DAYS="1",
-        SWEEP_INTERVAL_SECONDS="0.5",
-        EXPIRY_SOURCE_IDLE_SECONDS="2",
-        EVENT_TIME_MAX_AHEAD_HOURS="876600",
-    )
+    d = _deploy_one_day_claims(kafka)
     d.start_worker()
     scored = d.settings.scored_topic
 
@@ -236,14 +234,7 @@ def test_a_claim_id_used_again_after_it_expired_carries_no_edge_of_its_old_versi
 def test_a_claim_alive_by_being_pointed_at_keeps_the_claim_it_contradicts(kafka: RunningBroker) -> None:
     """y contradicts t (a stub) and lives on because z's versions touch it; t is never touched again.
     The sweep deleted t, y's edge with it, and t arrived without y's contradiction (found by review)."""
-    d = deploy(
-        kafka,
-        partitions=2,
-        CLAIM_TTL_DAYS="1",
-        SWEEP_INTERVAL_SECONDS="0.5",
-        EXPIRY_SOURCE_IDLE_SECONDS="2",
-        EVENT_TIME_MAX_AHEAD_HOURS="876600",
-    )
+    d = _deploy_one_day_claims(kafka)
     d.start_worker()
     try:
         f = EventFactory(tenant="claim-chain")
