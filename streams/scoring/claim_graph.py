@@ -423,7 +423,8 @@ def without_expired(load: Loader, expired: Mapping[str, ClaimNode]) -> dict[str,
     The reverse index is kept only while its claim lives: left behind, an expired claim's entries counted
     against its targets' CLAIM_NODE_MAX_BYTES for ever, and a new claim of the same id that declared no
     such edge still boosted or penalised them (`_reindex` sees no old version to take the edge back from).
-    No score changes: an expired claim already counted for no one.
+    A deleted claim counts for no one (`neighbour_facts` of a missing node is None), so taking its
+    entries out changes no later score by itself: it keeps the index true for a claim of the same id.
     """
     changed: dict[str, ClaimNode] = {}
     for me in sorted(expired):
