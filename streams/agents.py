@@ -189,18 +189,19 @@ def attach_agents(svc: Service) -> ClaimFacts:
         for key, partition in expired_traces:
             svc.traces.set_from(key, None, partition)
             traces.forget(key)
-        expired_claims = svc.claim_stage.sweepable(
+        expired_claims, rewrites = svc.claim_stage.sweep(
             [
                 (key, node)
                 for key, node in claims.due(owned(recovery, svc.claims, svc.claim_stage.clock))
                 if svc.claim_stage.expired(key, node)
             ],
             svc.claims.__contains__,
+            claims.load,
         )
-        # Before the deletes: the claims they pointed at drop their entries (read from the table).
-        for key, write in svc.claim_stage.without_expired(expired_claims, claims.load).items():
+        # Before the deletes: the claims they pointed at drop their entries.
+        for key, write in rewrites.items():
             write_claim(key, write)
-        for key, _ in expired_claims:
+        for key in expired_claims:
             svc.claims.set_from(key, None, svc.claim_stage.partition_of(key))
             claims.forget(key)
             claim_facts.forget(key)

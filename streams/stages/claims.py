@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -33,12 +32,6 @@ from streams.stages.common import (
 from streams.state import CalibrationItem, CalibrationSubject, ClaimMessage, table_key
 
 __all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
-
-
-def _load_of(
-    load: Callable[[bytes], claim_graph.ClaimNode | None], tenant: str, claim_id: str
-) -> claim_graph.ClaimNode | None:
-    return load(table_key(tenant, claim_id))
 
 
 def claim_message(
@@ -202,40 +195,32 @@ class ClaimStage:
             source = upstream("claims", partition)
             out.calibrate(tenant, source, CalibrationItem(subject=subject, received_at=received_at))
 
-    def sweepable(
-        self, expired: Iterable[tuple[bytes, claim_graph.ClaimNode]], exists: Callable[[bytes], bool]
-    ) -> list[tuple[bytes, claim_graph.ClaimNode]]:
-        """Of the claims past their TTL, those the sweep may delete: no live claim points at them
-        (`claim_graph.sweepable`); the others stay due and are looked at again by the next sweep."""
+    def sweep(
+        self,
+        past_ttl: Iterable[tuple[bytes, claim_graph.ClaimNode]],
+        exists: Callable[[bytes], bool],
+        load: Callable[[bytes], claim_graph.ClaimNode | None],
+    ) -> tuple[list[bytes], dict[bytes, ClaimWrite]]:
+        """What the sweep does with the claims past their TTL: the keys to delete, those no live claim
+        points at (`claim_graph.sweepable`; the others stay due for the next sweep), and the nodes they
+        pointed at, to rewrite without their entries (`claim_graph.without_expired`)."""
         by_tenant: dict[str, dict[str, tuple[bytes, claim_graph.ClaimNode]]] = {}
-        for key, node in expired:
+        for key, node in past_ttl:
             tenant, claim_id = orjson.loads(key)
             by_tenant.setdefault(str(tenant), {})[str(claim_id)] = (key, node)
-        deletable: list[tuple[bytes, claim_graph.ClaimNode]] = []
+        deletes: list[bytes] = []
+        rewrites: dict[bytes, ClaimWrite] = {}
         for tenant, claims in by_tenant.items():
             nodes = {claim_id: node for claim_id, (_, node) in claims.items()}
             gone = claim_graph.sweepable(nodes, lambda claim_id, t=tenant: exists(table_key(t, claim_id)))
-            deletable += [claims[claim_id] for claim_id in sorted(gone)]
-        return deletable
-
-    def without_expired(
-        self,
-        expired: Iterable[tuple[bytes, claim_graph.ClaimNode]],
-        load: Callable[[bytes], claim_graph.ClaimNode | None],
-    ) -> dict[bytes, ClaimWrite]:
-        """The nodes to rewrite when the sweep deletes `expired`: the claims they pointed at, without
-        their entries (`claim_graph.without_expired`)."""
-        by_tenant: dict[str, dict[str, claim_graph.ClaimNode]] = {}
-        for key, node in expired:
-            tenant, claim_id = orjson.loads(key)
-            by_tenant.setdefault(str(tenant), {})[str(claim_id)] = node
-        writes: dict[bytes, ClaimWrite] = {}
-        for tenant, nodes in by_tenant.items():
+            deletes += [claims[claim_id][0] for claim_id in sorted(gone)]
             partition = tenant_partition(tenant, self.settings.topic_partitions)
-            changed = claim_graph.without_expired(functools.partial(_load_of, load, tenant), nodes)
+            changed = claim_graph.without_expired(
+                lambda claim_id, t=tenant: load(table_key(t, claim_id)), {c: nodes[c] for c in gone}
+            )
             for claim_id, node in changed.items():
-                writes[table_key(tenant, claim_id)] = ClaimWrite(node, partition)
-        return writes
+                rewrites[table_key(tenant, claim_id)] = ClaimWrite(node, partition)
+        return deletes, rewrites
 
     def partition_of(self, key: bytes) -> int:
         """The changelog partition of a claims table key ([tenant, claim_id]): its tenant's."""

@@ -31,13 +31,13 @@ def _sweep(w: _Worker) -> set[str]:
     entries out of the nodes they pointed at); their claim ids."""
     loaded = [(key, w.nodes.load(key)) for key in list(w.table)]
     past_ttl = [(key, node) for key, node in loaded if node is not None and w.stage.expired(key, node)]
-    gone = w.stage.sweepable(past_ttl, w.table.__contains__)
-    for key, write in w.stage.without_expired(gone, w.nodes.load).items():
+    gone, rewrites = w.stage.sweep(past_ttl, w.table.__contains__, w.nodes.load)
+    for key, write in rewrites.items():
         w.table[key] = w.nodes.encode(key, write.node)
-    for key, _ in gone:
+    for key in gone:
         del w.table[key]
         w.nodes.forget(key)
-    return {orjson.loads(key)[1] for key, _ in gone}
+    return {orjson.loads(key)[1] for key in gone}
 
 
 def _factors(records: list[Any], claim_id: str) -> dict[str, float]:
