@@ -257,13 +257,15 @@ class Batch:
     """Events sent without waiting for each ack; leaving the block waits for all of them.
 
     If the block raises, the events already sent are still awaited and the block's exception
-    propagates. Otherwise a failed ack raises SendError after every other ack has arrived.
+    propagates, with a note naming the events the broker did not acknowledge (also in `failures`).
+    Otherwise a failed ack raises SendError after every other ack has arrived.
     """
 
     def __init__(self, producer: EventProducer) -> None:
         self._producer = producer
         self._pending: list[tuple[str, asyncio.Future[RecordMetadata]]] = []
         self.metadata: list[RecordMetadata] = []
+        self.failures: list[tuple[str, BaseException]] = []
 
     async def send(self, event: BaseModel) -> None:
         """Queue one event (waits only while aiokafka's buffer is full)."""
@@ -283,11 +285,16 @@ class Batch:
         traceback: TracebackType | None,
     ) -> None:
         results = await asyncio.gather(*(future for _, future in self._pending), return_exceptions=True)
-        failures = [
+        self.failures = [
             (event_id, result)
             for (event_id, _), result in zip(self._pending, results, strict=True)
             if isinstance(result, BaseException)
         ]
         self.metadata = [result for result in results if not isinstance(result, BaseException)]
-        if failures and exc is None:
-            raise SendError(failures, len(self.metadata)) from failures[0][1]
+        if not self.failures:
+            return
+        error = SendError(self.failures, len(self.metadata))
+        if exc is None:
+            raise error from self.failures[0][1]
+        # The block's own exception wins, but the caller must still learn which events may be lost.
+        exc.add_note(f"and on leaving the batch: {error}")

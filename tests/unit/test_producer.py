@@ -244,3 +244,33 @@ async def test_batch_waits_for_every_ack_and_names_the_failures() -> None:
     await acker
     assert err.value.failures[0][0] == events[1].event_id
     assert err.value.acknowledged == 2 and batch.metadata == ["m0", "m2"]
+
+
+async def test_a_batch_whose_block_raised_still_names_the_events_not_acknowledged() -> None:
+    producer = EventProducer(load_settings())
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Any]] = []
+
+    async def enqueue(record: tuple[bytes, bytes]) -> asyncio.Future[Any]:
+        futures.append(loop.create_future())
+        return futures[-1]
+
+    producer._enqueue = enqueue  # type: ignore[method-assign]
+    events = [build(ToolInvocation, **COMMON, tool="find", target=str(i), status="ok") for i in range(2)]
+
+    async def acks() -> None:
+        await asyncio.sleep(0)
+        futures[0].set_exception(TimeoutError("no ack"))
+        futures[1].set_result("m1")
+
+    with pytest.raises(ValueError, match="the caller's own error") as err:
+        async with producer.batch() as batch:
+            for event in events:
+                await batch.send(event)
+            acker = asyncio.create_task(acks())
+            raise ValueError("the caller's own error")
+    await acker
+    # The block's exception is the one raised; the lost event is named on it and on the batch.
+    assert any(events[0].event_id in note and "not acknowledged" in note for note in err.value.__notes__)
+    assert [event_id for event_id, _ in batch.failures] == [events[0].event_id]
+    assert batch.metadata == ["m1"]
