@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import aiohttp
 import orjson
@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.app import Service
 from streams.decoded_states import UndecodableState, decode_stored
+from streams.events import ScoreKind
 from streams.scoring import calibration, claim_graph, evidence
 from streams.stages.history import agent_entries
 from streams.state import AgentHistory, GroupCalibration, HistoryEntry, HistoryHour, TraceState, table_key
@@ -42,6 +43,7 @@ __all__ = [
 OWNER_UNREACHABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 log = logging.getLogger(__name__)
+SCORE_KINDS: tuple[str, ...] = get_args(ScoreKind)  # what the calibration view's kind= may name
 
 _Get = Callable[..., Awaitable[Response]]
 
@@ -295,10 +297,13 @@ def attach_views(
             target = 0.9 if param is None else param
             if not 0 < target <= 1:  # also false for NaN
                 return _json(self.web, {"error": "target_precision must be in (0, 1]"}, 400)
+            kind = request.query.get("kind")
+            if kind is not None and kind not in SCORE_KINDS:  # a typo must not read as "no data"
+                return _json(self.web, {"error": f"kind must be one of {', '.join(SCORE_KINDS)}"}, 400)
             wanted = {
                 "model": request.query.get("model"),
                 "agent_type": request.query.get("agent_type"),
-                "kind": request.query.get("kind"),
+                "kind": kind,
             }
             groups: list[GroupCalibration] = []
             unreadable = 0  # a group this version cannot decode must not hide the tenant's others

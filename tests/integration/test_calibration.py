@@ -142,7 +142,11 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
             ), bad
         nothing = (404, {"error": "no calibration data for this tenant and filter"})
         assert view(d, "/calibration/cal?model=no-such-model") == nothing
-        assert view(d, "/calibration/cal?model=calibrated&kind=no-such-kind") == nothing
+        # A kind that does not exist is a typo, not a filter matching nothing.
+        assert view(d, "/calibration/cal?model=calibrated&kind=no-such-kind") == (
+            400,
+            {"error": "kind must be one of response, composite, evidence, claim"},
+        )
         assert view(d, "/calibration/no-such-tenant") == nothing
 
         # Exactly what the pairs give, and near the closed form (tolerances: about 4 standard errors).

@@ -1,17 +1,23 @@
-"""The claim filters of the query view (pure part): inclusive bounds compared after rounding to 9 decimals."""
+"""The query views: claim filters (pure part), unreadable state, and the calibration view asked offline."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
+from faust.exceptions import SameNode
 
+from streams.app import create_app
+from streams.config import load_settings
 from streams.decoded_states import UndecodableState
-from streams.state import table_key
-from streams.views import _answers_unreadable_state, claim_matches, tenant_of_key
+from streams.stages.calibration import group_key
+from streams.state import GroupCalibration, table_key
+from streams.views import _answers_unreadable_state, attach_views, claim_matches, tenant_of_key
 
 
 def test_width_computed_with_float_error_meets_its_threshold() -> None:
@@ -66,3 +72,45 @@ def test_an_unreadable_stored_value_answers_a_json_500_and_other_errors_still_ra
         "tenant_id": "t",
         "trace_id": "x",
     }
+
+
+def _calibration_view(svc: Any) -> Callable[[dict[str, str]], tuple[int, dict[str, Any]]]:
+    """The worker's `/calibration/{tenant}` view, asked offline of a worker that owns every key."""
+    pages: dict[str, Any] = {}
+    svc.app.page = lambda path, **_: lambda cls: pages.setdefault(path, cls)
+
+    async def same_node(*_: Any, **__: Any) -> Any:
+        raise SameNode()
+
+    svc.app.router.route_topic_req = lambda *_, **__: same_node()
+    attach_views(svc)
+    view = SimpleNamespace(web=_Web(), app=svc.app)
+    get = pages["/calibration/{tenant_id}"].get
+
+    def ask(query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        request = SimpleNamespace(query=query, url="/calibration/acme")
+        return asyncio.run(get(view, request, tenant_id="acme"))  # type: ignore[no-any-return]
+
+    return ask
+
+
+def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
+    svc = create_app(load_settings())
+    group = GroupCalibration(
+        tenant_id="acme",
+        dimension="model",
+        value="gpt-4o",
+        kind="response",
+        newest=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    svc.calibration_groups.data[group_key("acme", "model", "gpt-4o", "response")] = (
+        group.model_dump_json().encode()
+    )
+    ask = _calibration_view(svc)
+    status, body = ask({"kind": "response"})
+    assert status == 200 and [g["kind"] for g in body["groups"]] == ["response"]
+    assert ask({"kind": "claim"})[0] == 404  # a kind with no group here: no data
+    assert ask({"kind": "responses"}) == (
+        400,
+        {"error": "kind must be one of response, composite, evidence, claim"},
+    )
