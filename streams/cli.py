@@ -8,6 +8,10 @@ import gc
 import logging
 import math
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = ["main", "tune_gc"]
 
@@ -75,16 +79,24 @@ def _worker(_: argparse.Namespace) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from streams.app import changelog_topics, create_app
     from streams.config import load_settings
     from streams.topics import TopicProblem, ensure_topics
 
     overrides: dict[str, object] = {}
+    flags: dict[str, str] = {}  # the settings given as flags, named so in an error
     if args.partitions is not None:
-        overrides["topic_partitions"] = args.partitions
+        overrides["topic_partitions"], flags["topic_partitions"] = args.partitions, "--partitions"
     if args.input_retention_ms is not None:
         overrides["input_retention_ms"] = args.input_retention_ms
-    settings = load_settings(**overrides)
+        flags["input_retention_ms"] = "--input-retention-ms"
+    try:
+        settings = load_settings(**overrides)
+    except ValidationError as exc:
+        _print_setting_errors(exc, flags)
+        return 2
     try:  # as the worker checks them: the missing ones created, partition counts verified
         created = asyncio.run(ensure_topics(settings, changelog_topics(create_app(settings))))
     except TopicProblem as exc:
@@ -236,11 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise
-        # One line per mistake, named as the user set it (the environment variable), no traceback.
-        for error in exc.errors(include_url=False, include_input=False):
-            name = "_".join(str(part) for part in error["loc"]).upper() or "configuration"
-            print(f"confidence-streams: {name}: {error['msg']}", file=sys.stderr)
+        _print_setting_errors(exc)
         return 2
+
+
+def _print_setting_errors(exc: ValidationError, flags: dict[str, str] | None = None) -> None:
+    """One line per mistake, named as the user set it, no traceback: the command-line flag for the
+    settings in `flags` (field name -> flag), else the environment variable."""
+    for error in exc.errors(include_url=False, include_input=False):
+        field = "_".join(str(part) for part in error["loc"])
+        name = (flags or {}).get(field) or field.upper() or "configuration"
+        print(f"confidence-streams: {name}: {error['msg']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -209,6 +209,18 @@ def test_a_configuration_mistake_is_one_line_naming_the_variable(
     assert "Traceback" not in err
 
 
+def test_a_bad_topics_create_flag_is_named_as_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Refused before any broker is asked, and named as the user gave it: not TOPIC_PARTITIONS.
+    assert main(["topics", "create", "--partitions", "0", "--input-retention-ms", "5"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["--partitions", "--input-retention-ms"], lines
+    monkeypatch.setenv("TOPIC_PARTITIONS", "0")  # the variable itself is still named as the variable
+    assert main(["topics", "create"]) == 2
+    assert capsys.readouterr().err.startswith("confidence-streams: TOPIC_PARTITIONS: ")
+
+
 def test_the_worker_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["worker", "--web-port", "7000"])  # it used to be dropped silently
