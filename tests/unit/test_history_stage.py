@@ -22,11 +22,20 @@ from prometheus_client import CollectorRegistry
 
 from streams import metrics
 from streams.config import Settings, load_settings, scoring_configs
-from streams.scoring import composite
+from streams.events import LlmResponse
+from streams.scoring import composite, heuristic
 from streams.stages import AgentStage, InputRecord, TraceStage
 from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite, agent_entries, chunk_bytes_bound, chunked, hour_key, hour_of
-from streams.state import AgentHistory, HistoryEntry, HistoryHour, TraceState, encode_history_hour, table_key
+from streams.state import (
+    AgentHistory,
+    HistoryEntry,
+    HistoryHour,
+    PendingResponse,
+    TraceState,
+    encode_history_hour,
+    table_key,
+)
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
@@ -36,16 +45,19 @@ EXAMPLE_TEXT = "The answer is definitely config/retry.yaml, verified in the code
 class Tables:
     """The two history tables as the worker keeps them (a write of None deletes the key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batched: bool = False) -> None:
         self.summary: dict[bytes, AgentHistory] = {}
         self.hours: dict[bytes, HistoryHour] = {}
+        # In a batch of several responses, a chunk written and dropped by later ones is deleted without
+        # ever having been stored: the delete replaces the batch's own pending write of it.
+        self.batched = batched
 
     def apply(self, writes: dict[bytes, HistoryWrite]) -> None:
         for key, write in writes.items():
             table: dict[bytes, object] = self.summary if write.table == "summary" else self.hours  # type: ignore[assignment]
             if write.value is None:
-                assert key in table, "a delete of a key that is not there"
-                del table[key]
+                assert self.batched or key in table, "a delete of a key that is not there"
+                table.pop(key, None)
             else:
                 table[key] = write.value
 
@@ -483,3 +495,108 @@ def test_reject_and_composite_block_each_and_together(
         "confidence_composite_blocked_total", {"agent_type": EXAMPLE["agent_type"]}
     )
     assert blocked == (None if good else 1.0)
+
+
+def _pending(event_id: str, when: datetime, good: bool, agent: str, redelivered: bool) -> bytes:
+    """Stage 1's message for stage 2 (built here, so one batch can mix agents and re-delivery flags)."""
+    event = LlmResponse.model_validate(
+        {
+            **EXAMPLE,
+            "event_id": event_id,
+            "timestamp": when.isoformat(),
+            "agent_name": agent,
+            "retrieval": [{"similarity": 0.99 if good else 0.2, "source": "s"}],
+            "code_validation": dict.fromkeys(EXAMPLE["code_validation"], good),
+            "token_logprobs": None,
+        }
+    )
+    pending = PendingResponse(
+        event=event,
+        confidence=None,
+        logprobs_present=False,
+        heuristic=heuristic.score_heuristic(event.response),
+        received_at=1.0,
+        redelivered=redelivered,
+    )
+    return pending.model_dump_json().encode()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_history_factor_equals_brute_force_in_batches_of_two_agents(seed: int) -> None:
+    """Batches of 1-8 responses of two agents (a batch sees its own earlier writes), re-deliveries with
+    and without stage 1's flag (flagged ones also re-stamped), and windows, retentions and chunk sizes
+    drawn per seed."""
+    rng = random.Random(seed)
+    window_hours = rng.choice([1, 3, 24])
+    settings = load_settings(
+        history_chunk_bytes=rng.choice([1, 400, 700, 65_536]),
+        history_window_hours=window_hours,
+        history_retention_hours=max(window_hours, rng.choice([3, 30, 168])),
+    )
+    window = timedelta(hours=settings.history_window_hours)
+    retention = timedelta(hours=settings.history_retention_hours)
+    stage = AgentStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+    tables = Tables(batched=True)
+    # Per agent: event id -> (time, threshold_met, factor) of what is retained, and the newest time.
+    applied: dict[str, dict[str, tuple[datetime, bool, float]]] = {"a1": {}, "a2": {}}
+    newest: dict[str, datetime | None] = {"a1": None, "a2": None}
+    sent: list[tuple[str, datetime, bool, str]] = []
+    span_hours = rng.choice([5, 50, 400])
+    offset = 0
+    for _ in range(40):
+        batch: list[tuple[str, datetime, bool, str, bool]] = []
+        for _ in range(rng.randint(1, 8)):
+            if sent and rng.random() < 0.2:
+                event_id, when, good, agent = rng.choice(sent)
+                if rng.random() < 0.5:  # re-delivered as it was: stage 2 finds it by (time, id)
+                    batch.append((event_id, when, good, agent, rng.random() < 0.5))
+                else:  # re-stamped by its producer: only stage 1's flag says it was counted
+                    batch.append(
+                        (event_id, when + timedelta(minutes=rng.randrange(1, 120)), good, agent, True)
+                    )
+                continue
+            minutes = rng.randrange(span_hours * 60) if rng.random() < 0.8 else 60 * rng.randrange(span_hours)
+            sent.append(
+                (
+                    f"e{len(sent)}",
+                    T0 + timedelta(minutes=minutes),
+                    rng.random() < 0.5,
+                    rng.choice(["a1", "a2"]),
+                )
+            )
+            batch.append((*sent[-1], False))
+        records = []
+        for event_id, when, good, agent, redelivered in batch:
+            offset += 1
+            records.append(
+                InputRecord("r", 0, offset, 1.0, _pending(event_id, when, good, agent, redelivered))
+            )
+        out, writes = stage.process(records, tables.summary.get, tables.hours.get)
+        tables.apply(writes)
+        scored = [orjson.loads(r.value) for r in out if r.topic == settings.scored_topic]
+        assert len(scored) == len(batch)
+        for (event_id, when, _, agent, redelivered), output in zip(batch, scored, strict=True):
+            factor = output["composite"]["factors"]["agent_history"]
+            horizon = None if newest[agent] is None else newest[agent] - retention
+            known = applied[agent].get(event_id)
+            if known is not None and known[0] == when and (horizon is None or when >= horizon):
+                assert factor == known[2], (seed, event_id, "a re-delivery keeps its factor")
+                continue
+            kept = [(t, met) for t, met, _ in applied[agent].values() if horizon is None or t >= horizon]
+            assert factor == pytest.approx(composite.history_score(kept, when, window), abs=1e-12)
+            if redelivered:  # stage 1 had applied it: scored, never counted twice
+                continue
+            latest = when if newest[agent] is None else max(newest[agent], when)
+            if when >= latest - retention:
+                applied[agent][event_id] = (when, bool(output["composite"]["threshold_met"]), factor)
+            newest[agent] = latest
+            applied[agent] = {i: v for i, v in applied[agent].items() if v[0] >= latest - retention}
+        for summary in tables.summary.values():  # the summaries' counts are the stored chunks'
+            for counts in summary.hours:
+                keys = [
+                    hour_key(summary.tenant_id, summary.agent_name, counts.hour, i)
+                    for i in range(counts.chunks)
+                ]
+                hour = [e for key in keys for e in tables.hours[key].entries]
+                assert (counts.total, counts.met) == (len(hour), sum(e.threshold_met for e in hour))
+        assert len(tables.hours) == sum(c.chunks for s in tables.summary.values() for c in s.hours)
