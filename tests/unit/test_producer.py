@@ -217,16 +217,21 @@ async def test_events_the_service_would_dead_letter_are_not_sent() -> None:
     assert sent == []  # checked before anything is sent
 
 
-async def test_batch_waits_for_every_ack_and_names_the_failures() -> None:
+def _producer_acked_by_hand() -> tuple[EventProducer, list[asyncio.Future[Any]]]:
+    """A producer whose sends return futures the test resolves: (producer, one future per send)."""
     producer = EventProducer(load_settings())
-    loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[Any]] = []
 
     async def enqueue(record: tuple[bytes, bytes]) -> asyncio.Future[Any]:
-        futures.append(loop.create_future())
+        futures.append(asyncio.get_running_loop().create_future())
         return futures[-1]
 
     producer._enqueue = enqueue  # type: ignore[method-assign]
+    return producer, futures
+
+
+async def test_batch_waits_for_every_ack_and_names_the_failures() -> None:
+    producer, futures = _producer_acked_by_hand()
     events = [build(ToolInvocation, **COMMON, tool="find", target=str(i), status="ok") for i in range(3)]
 
     async def acks() -> None:
@@ -247,15 +252,7 @@ async def test_batch_waits_for_every_ack_and_names_the_failures() -> None:
 
 
 async def test_a_batch_whose_block_raised_still_names_the_events_not_acknowledged() -> None:
-    producer = EventProducer(load_settings())
-    loop = asyncio.get_running_loop()
-    futures: list[asyncio.Future[Any]] = []
-
-    async def enqueue(record: tuple[bytes, bytes]) -> asyncio.Future[Any]:
-        futures.append(loop.create_future())
-        return futures[-1]
-
-    producer._enqueue = enqueue  # type: ignore[method-assign]
+    producer, futures = _producer_acked_by_hand()
     events = [build(ToolInvocation, **COMMON, tool="find", target=str(i), status="ok") for i in range(2)]
 
     async def acks() -> None:
