@@ -78,6 +78,9 @@ def _worker(_: argparse.Namespace) -> int:
     return 0
 
 
+_TOPICS_CREATE_FLAGS = {"topic_partitions": "--partitions", "input_retention_ms": "--input-retention-ms"}
+
+
 def _topics(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -86,16 +89,14 @@ def _topics(args: argparse.Namespace) -> int:
     from streams.topics import TopicProblem, ensure_topics
 
     overrides: dict[str, object] = {}
-    flags: dict[str, str] = {}  # the settings given as flags, named so in an error
     if args.partitions is not None:
-        overrides["topic_partitions"], flags["topic_partitions"] = args.partitions, "--partitions"
+        overrides["topic_partitions"] = args.partitions
     if args.input_retention_ms is not None:
         overrides["input_retention_ms"] = args.input_retention_ms
-        flags["input_retention_ms"] = "--input-retention-ms"
     try:
         settings = load_settings(**overrides)
-    except ValidationError as exc:
-        _print_setting_errors(exc, flags)
+    except ValidationError as exc:  # a setting given as a flag is named as the flag
+        _print_setting_errors(exc, {f: flag for f, flag in _TOPICS_CREATE_FLAGS.items() if f in overrides})
         return 2
     try:  # as the worker checks them: the missing ones created, partition counts verified
         created = asyncio.run(ensure_topics(settings, changelog_topics(create_app(settings))))

@@ -62,6 +62,22 @@ class Tables:
                 table[key] = write.value
 
 
+def _response(
+    event_id: str, when: datetime, good: bool, agent_name: str, **fields: object
+) -> dict[str, object]:
+    """An LLM_RESPONSE well supported (meets the planner's threshold, whatever the history) or not."""
+    return {
+        **EXAMPLE,
+        "event_id": event_id,
+        "timestamp": when.isoformat(),
+        "retrieval": [{"similarity": 0.99 if good else 0.2, "source": "s"}],
+        "code_validation": dict.fromkeys(EXAMPLE["code_validation"], good),
+        "response": EXAMPLE_TEXT,
+        "agent_name": agent_name,
+        **fields,
+    }
+
+
 class Responses:
     """Scored responses fed through stage 1 (as the worker does) and then stage 2."""
 
@@ -85,20 +101,8 @@ class Responses:
         agent_name: str = EXAMPLE["agent_name"],
         **fields: object,
     ) -> dict[str, object]:
-        # Half well supported (meets the planner's threshold, whatever the history), half not.
         good = self.rng.random() < 0.5 if good is None else good
-        retrieval = [{"similarity": 0.99 if good else 0.2, "source": "s"}]
-        checks = {name: good for name in EXAMPLE["code_validation"]}
-        event = {
-            **EXAMPLE,
-            "event_id": event_id,
-            "timestamp": when.isoformat(),
-            "retrieval": retrieval,
-            "code_validation": checks,
-            "response": EXAMPLE_TEXT,
-            "agent_name": agent_name,
-            **fields,
-        }
+        event = _response(event_id, when, good, agent_name, **fields)
         self.offset += 1
         traces = self.traces
         out, written = self.trace_stage.process(
@@ -499,17 +503,7 @@ def test_reject_and_composite_block_each_and_together(
 
 def _pending(event_id: str, when: datetime, good: bool, agent: str, redelivered: bool) -> bytes:
     """Stage 1's message for stage 2 (built here, so one batch can mix agents and re-delivery flags)."""
-    event = LlmResponse.model_validate(
-        {
-            **EXAMPLE,
-            "event_id": event_id,
-            "timestamp": when.isoformat(),
-            "agent_name": agent,
-            "retrieval": [{"similarity": 0.99 if good else 0.2, "source": "s"}],
-            "code_validation": dict.fromkeys(EXAMPLE["code_validation"], good),
-            "token_logprobs": None,
-        }
-    )
+    event = LlmResponse.model_validate(_response(event_id, when, good, agent, token_logprobs=None))
     pending = PendingResponse(
         event=event,
         confidence=None,
