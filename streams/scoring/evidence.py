@@ -3,7 +3,8 @@
 DESIGN 4/4b settle the rules. Choices where they are silent:
 - a tool's outcome when its specific field is absent: `ok` cmake/ctest without `build_passed` /
   `tests_passed` is a pass, `ok` discovery without `factors_found` counts as 0 factors, `ok` gh without
-  `complete` is not complete; `empty` adds no outcome to any category;
+  `complete` is not complete; `empty` adds no outcome to any category; a read, like search and git,
+  counts only with results (`ok` with `result_count: 0` is no read);
 - among equally good convergence anchors the first seen (category order read, search, verification,
   discovery, git, ci; then arrival) is reported;
 - the state keeps at most `max_event_ids` applied ids (oldest dropped); targets are deduplicated.
@@ -164,7 +165,7 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             if target not in hits:
                 changes["search_hits"] = {**state.search_hits, tool: (*hits, target)}
                 added_to = f"search:{tool}"
-        elif category == "read":
+        elif category == "read" and _has_results(inv):  # DESIGN 4b: `result_count: 0` is no results
             added_to = _join(changes, "reads", state.reads, target, "read")
         elif category == "discovery":
             factors = max(0, min(4, inv.factors_found or 0))

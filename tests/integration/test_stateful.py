@@ -64,6 +64,11 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
             f.tool("ev-strong", "read", "src/MemoryManager.h"),
             f.tool("ev-strong", "read", "src/MemoryManager.cpp"),
         ],
+        # DESIGN 4b: `ok` with `result_count: 0` is no results, so this read adds nothing.
+        "ev-empty-read": [
+            f.tool("ev-empty-read", "find", "MemoryManager", result_count=2),
+            f.tool("ev-empty-read", "read", "src/MemoryManager.h", result_count=0),
+        ],
     }
     events = [e for trace in cases.values() for e in trace]
     deployment.produce(events)
@@ -81,6 +86,9 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
     assert round(last["ev-strong"]["score"], 3) == 0.830
     assert last["ev-strong"]["band"] == "strong"
     assert last["ev-strong"]["convergence"]["categories"] == ["read", "search"]
+    assert last["ev-empty-read"]["categories"] == {"search": 0.65}
+    assert round(last["ev-empty-read"]["score"], 3) == 0.650
+    assert last["ev-empty-read"]["convergence"]["bonus"] == 0.0
     first = _latest(outputs, "TRACE_SCORED", source_event_id=cases["ev-same"][0]["event_id"])
     assert round(first["score"], 3) == 0.650 and first["band"] == "adequate"
 

@@ -124,6 +124,7 @@ def test_a_tool_mapped_to_verification_is_a_test_run_when_it_reports_tests(
         [("grep", "x", {"status": "empty"})],
         [("find", "x", {"result_count": 0})],
         [("git", "x", {"result_count": 0})],
+        [("read", "x.py", {"result_count": 0})],
         [("gh", "x", {"complete": False})],
         [("unknown-tool", "x")],
     ],
@@ -132,6 +133,17 @@ def test_no_evidence(calls: list[Any]) -> None:
     result = run(*calls)
     assert result.categories == {} and result.score == 0.0 and result.band == "failed"
     assert result.recovery_recommended and result.should_stop
+
+
+def test_a_read_with_no_results_is_no_read() -> None:
+    """DESIGN 4b: `ok` with `result_count: 0` means no results. It counted as a read (0.55, and 0.80 with
+    the convergence bonus beside a search on the same target)."""
+    result = run(("find", "MemoryManager"), ("read", "src/MemoryManager.h", {"result_count": 0}))
+    assert result.categories == {"search": 0.65}
+    assert result.convergence.bonus == 0.0 and result.band == "adequate"
+    assert result.score == pytest.approx(0.65)
+    with_count = run(("find", "MemoryManager"), ("read", "src/MemoryManager.h", {"result_count": 2}))
+    assert round(with_count.score, 3) == 0.772  # a count above 0 is a read, as one without a count
 
 
 def test_errors_are_neutral_and_recovery_counts_every_attempt() -> None:
