@@ -84,6 +84,9 @@ STOPWORDS = frozenset(
     ]
 )
 _WORD = re.compile(r"[a-z0-9_']+")
+# Typographic apostrophes (right single quotation mark, modifier letter apostrophe) read as ASCII, so
+# "doesn’t" is the negation "doesn't" and not the words "doesn" and "t".
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'"})
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def source_confidence(sub: SubResult, cfg: SynthesisConfig) -> float:
 
 
 def _words(statement: str) -> tuple[frozenset[str], bool]:
-    tokens = _WORD.findall(statement.lower())
+    tokens = _WORD.findall(statement.lower().translate(_APOSTROPHES))
     negated = any(t in NEGATIONS or t.endswith("n't") for t in tokens)
     content = frozenset(
         t for t in tokens if t not in NEGATIONS and t not in STOPWORDS and not t.endswith("n't")

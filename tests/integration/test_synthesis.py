@@ -56,6 +56,9 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
             relationships=[{"type": "contradicts", "target": "k4", "strength": 0.9}],
         ),
         f.claim(trace, "k4", statement="Startup begins cold", source_id="sub-b"),
+        f.claim(trace, "k5", statement="The parser handles unicode input", source_id="sub-a"),
+        # A typographic apostrophe (U+2019), as LLM text often has: still the negation "doesn't".
+        f.claim(trace, "k6", statement="The parser doesn\u2019t handle unicode input", source_id="sub-b"),
         f.response(trace, role="sub_call", sub_call_id="sub-a", response=STRONG_TEXT, token_logprobs=[-0.05]),
         f.response(trace, role="sub_call", sub_call_id="sub-b", response=WEAK_TEXT, token_logprobs=[-3.0]),
         f.response(trace, role="synthesis", response="Combined."),
@@ -78,7 +81,7 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
             "recovery_attempts": 0,
         },
         "sub_calls": ["sub-a", "sub-b"],
-        "claims": ["k1", "k2", "k3", "k4"],
+        "claims": ["k1", "k2", "k3", "k4", "k5", "k6"],
     }
     try:
         d.produce(events)
@@ -104,14 +107,17 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     assert out["level"] == "high"
     assert out["filtered_count"] == 1
     # k1/k2: "returns nil on error" vs "never returns nil" share function/returns/nil and only k2 is
-    # negated -> heuristic; k3 -> k4 is an explicit `contradicts` of strength 0.9. Both >= 0.5.
+    # negated -> heuristic; k3 -> k4 is an explicit `contradicts` of strength 0.9; k5/k6 share
+    # parser/unicode/input and only k6 is negated ("doesn\u2019t") -> heuristic. All >= 0.5.
     assert sorted(out["conflicts"], key=lambda c: (c["claim_a"], c["claim_b"])) == [
         {"claim_a": "k1", "claim_b": "k2", "type": "contradiction", "severity": HEURISTIC_SEVERITY,
          "detected_by": "heuristic"},
         {"claim_a": "k3", "claim_b": "k4", "type": "contradiction", "severity": 0.9, "detected_by": "explicit"},
+        {"claim_a": "k5", "claim_b": "k6", "type": "contradiction", "severity": HEURISTIC_SEVERITY,
+         "detected_by": "heuristic"},
     ]  # fmt: skip
     assert out["warnings"] == [
-        "2 conflicts detected between sources. Review carefully.",
+        "3 conflicts detected between sources. Review carefully.",
         "1 low-confidence sources excluded from synthesis.",
     ]
     flagged = [

@@ -75,6 +75,17 @@ def test_negation_conflict_from_the_seed() -> None:
     assert result.warnings == ("1 conflicts detected between sources. Review carefully.",)
 
 
+@pytest.mark.parametrize("apostrophe", ["'", "\u2019", "\u02bc"])
+def test_a_typographic_apostrophe_negates_as_the_ascii_one(apostrophe: str) -> None:
+    """Text from LLMs often carries "doesn’t" (U+2019): it was read as "doesn" and "t", no negation."""
+    claims = [
+        TraceClaim(claim_id="1", statement="The parser handles unicode input"),
+        TraceClaim(claim_id="2", statement=f"The parser doesn{apostrophe}t handle unicode input"),
+    ]
+    result = synthesize([sub("a", 0.9)], claims, CFG)
+    assert [(c.claim_a, c.claim_b, c.detected_by) for c in result.conflicts] == [("1", "2", "heuristic")]
+
+
 @pytest.mark.parametrize(
     ("a", "b"),
     [
