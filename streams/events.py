@@ -62,14 +62,24 @@ __all__ = [
 ScoreKind = Literal["response", "composite", "evidence", "claim"]
 UnitFloat = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 # RFC 3339 date-time; a missing zone is left to AwareDatetime, which reports it as such.
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII)
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:(?P<second>\d{2})(?P<fraction>\.\d+)?([Zz]|[+-]\d{2}:\d{2})?",
+    re.ASCII,
+)
 
 
 def _rfc3339(value: object) -> object:
     # pydantic also reads a number, or a numeric string ("0", "1700000000"), as a Unix time: bad input.
-    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         raise ValueError("should be an RFC 3339 date-time string")
-    return standard_zone(value)
+    text = match.string
+    if match["second"] == "60":
+        # RFC 3339 allows a leap second (23:59:60Z), which Python's datetime cannot hold: it is read as
+        # the last microsecond of its minute, so it still sorts after every earlier time of that minute.
+        zone_at = match.end("second") + len(match["fraction"] or "")
+        text = f"{text[: match.start('second')]}59.999999{text[zone_at:]}"
+    return standard_zone(text)
 
 
 # Event times take part in date arithmetic (TTLs, windows, half-lives): one dated 9999-12-31 overflowed

@@ -264,6 +264,8 @@ def build_valid(f: EventFactory) -> list[bytes | dict[str, Any]]:
     assert len(orjson.dumps(padded)) == MAX_EVENT_BYTES
     escaped = f.response("tr-v-esc", minutes=11, token_logprobs=[-0.3], unknown_extra={"x": [1, 2]})
     escaped["timestamp"] = "2026-11-22T14:11:00+02:00"
+    leap = f.tool("tr-v-leap", "find", "Leap", minutes=13, result_count=1)
+    leap["timestamp"] = "2026-11-22T12:13:60Z"  # RFC 3339's leap second: read as 12:13:59.999999
     return [
         f.response("tr-v-1", minutes=1, token_logprobs=[-0.1, -0.2, -0.3], **STRONG),
         f.tool("tr-v-2", "find", "Widget", minutes=2, result_count=3),
@@ -290,11 +292,12 @@ def build_valid(f: EventFactory) -> list[bytes | dict[str, Any]]:
         padded,
         orjson.dumps(escaped).replace(b'"event_type"', b'"event\\u005ftype"'),
         f.response("tr-v-6", minutes=12, role="synthesis", **STRONG),
+        leap,
     ]
 
 
 # Outputs the valid events above must produce (each RESPONSE_SCORED once, c-2 re-scores c-1, ...).
-EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 3, "CLAIM_SCORED": 4, "SYNTHESIS_SCORED": 1}
+EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 4, "CLAIM_SCORED": 4, "SYNTHESIS_SCORED": 1}
 
 
 def _encode(event: bytes | dict[str, Any]) -> tuple[bytes, bytes]:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, get_args
 
 import orjson
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -496,3 +497,24 @@ def test_strip_logprobs_of_any_shape_in_any_record(
     cut = data.draw(st.integers(0, len(raw)))
     for record in (raw, raw[:cut], raw + b" trailing", b"[" * 300 + raw + b"]" * 300):
         assert MARKER.encode() not in strip_logprobs(record, MAX_BYTES), record
+
+
+@pytest.mark.parametrize(
+    ("leap", "read_as"),
+    [
+        ("2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999999+00:00"),
+        ("2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999999+00:00"),
+        ("2016-12-31T18:59:60-05:00", "2016-12-31T18:59:59.999999-05:00"),
+        ("2016-12-31t23:59:60z", "2016-12-31T23:59:59.999999+00:00"),
+    ],
+)
+def test_a_leap_second_is_the_last_microsecond_of_its_minute(leap: str, read_as: str) -> None:
+    """RFC 3339 allows second 60 (a leap second); Python's datetime cannot hold it, and such an event
+    was dead-lettered as `wrong_type`. It is read as 59.999999 (docs/DECISIONS.md)."""
+    for kind in ("LLM_RESPONSE", "TOOL_INVOCATION", "CLAIM"):
+        result = check_decoded(dumps({**_valid(kind, [-0.1]), "timestamp": leap}))
+        assert not isinstance(result, DeadLetter), result
+        assert result.timestamp == datetime.fromisoformat(read_as)
+    assert isinstance(
+        check_decoded(dumps({**_valid("CLAIM", [-0.1]), "timestamp": "2016-12-31T23:59:61Z"})), DeadLetter
+    )
