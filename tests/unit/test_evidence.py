@@ -146,6 +146,21 @@ def test_a_read_with_no_results_is_no_read() -> None:
     assert round(with_count.score, 3) == 0.772  # a count above 0 is a read, as one without a count
 
 
+def test_the_bonus_is_one_anchors_and_search_read_elsewhere_adds_nothing() -> None:
+    """Three categories agree on "bar" (0.20); search and read agree on "foo" (0.10 + 0.05). The bonus is
+    the best single anchor's, 0.20, not 0.25 (docs/DECISIONS.md, "Evidence outcomes")."""
+    result = run(
+        ("find", "foo"),
+        ("read", "src/foo.py"),
+        ("git", "bar"),
+        ("discovery", "bar", {"factors_found": 1}),
+        ("cmake", "bar", {"build_passed": True}),
+    )
+    assert result.convergence.bonus == pytest.approx(0.20)
+    assert result.convergence.categories == ("discovery", "git", "verification")
+    assert result.convergence.target == "bar"
+
+
 def test_errors_are_neutral_and_recovery_counts_every_attempt() -> None:
     before = run(("find", "foo"), ("read", "foo.py"))
     after = run(
