@@ -101,7 +101,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
 
     table_recovery = app.tables.recovery
     if isinstance(table_recovery, SeekThenResumeRecovery):  # a recovery step that timed out stops the worker
-        table_recovery.on_timeout = lambda reason: stop_worker(svc, reason)
+        table_recovery.on_failure = lambda reason: stop_worker(svc, reason)
 
     # Made here, not in the agents, so the sweep can send its table changes through them (in order).
     trace_runner = BatchRunner(svc, "score-events", svc.traces)
@@ -176,10 +176,20 @@ def attach_agents(svc: Service) -> ClaimFacts:
 
     @app.timer(interval=settings.sweep_interval_seconds)
     async def sweep_expired_state() -> None:
-        """Drop traces idle past their TTL and claims past theirs (event time, this worker's partitions)."""
         recovery: Recovery = app.tables.recovery  # type: ignore[attr-defined]
         if svc.health.fatal is not None or app.rebalancing or not recovery.completed.is_set():
             return  # partitions are moving or the worker is stopping: the next tick sweeps what it owns
+        try:
+            sweep(recovery)
+        except Exception as exc:
+            # A timer's exception crashes the app through Faust's graceful shutdown, whose streams may
+            # still acknowledge what they deliver, with /healthz "ok" meanwhile. Stop as a failed batch
+            # does: the sweep's table changes were not sent, and nothing is stored once `fatal` is set.
+            stop_worker(svc, f"the expiry sweep failed: {exc!r}")
+
+    def sweep(recovery: Recovery) -> None:
+        """Drop traces idle past their TTL and claims past theirs (event time, this worker's partitions)."""
+        svc.faults.check_sweep()
         started = time.perf_counter()
         expired_traces = [
             (key, state.partition)

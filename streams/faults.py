@@ -1,7 +1,9 @@
 """Test-only fault injection (`FAULT_INJECTION=<send|table>:<agent>:<batch>`): one batch fails on purpose.
 
 The reliability tests use it to prove that a failed send or table write never loses input: the batch is
-not acknowledged and the worker stops (streams/batch_runner.py). Empty (the default) injects nothing.
+not acknowledged and the worker stops (streams/batch_runner.py). `sweep:expiry:<n>` fails the n-th
+expiry sweep instead (streams/agents.py), which must stop the worker the same way. Empty (the default)
+injects nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Literal
 
 __all__ = ["FaultInjector", "InjectedFault"]
 
-FaultPoint = Literal["send", "table"]
+FaultPoint = Literal["send", "table", "sweep"]
 
 
 class InjectedFault(RuntimeError):
@@ -33,10 +35,13 @@ class FaultInjector:
             return cls()
         parts = spec.split(":")
         if len(parts) != 3 or not parts[1] or not parts[2].isdigit() or int(parts[2]) < 1:
-            raise ValueError(f"FAULT_INJECTION {spec!r} is not <send|table>:<agent>:<batch number from 1>")
+            raise ValueError(
+                f"FAULT_INJECTION {spec!r} is not <send|table>:<agent>:<batch number from 1> "
+                "or sweep:expiry:<sweep number from 1>"
+            )
         point, agent, batch = parts
-        if point not in ("send", "table"):
-            raise ValueError(f"FAULT_INJECTION point must be send or table, not {point!r}")
+        if point not in ("send", "table", "sweep"):
+            raise ValueError(f"FAULT_INJECTION point must be send, table or sweep, not {point!r}")
         return cls(point, agent, int(batch))  # type: ignore[arg-type]
 
     def next_batch(self, agent: str) -> int:
@@ -46,3 +51,8 @@ class FaultInjector:
     def check(self, agent: str, point: FaultPoint, batch: int) -> None:
         if self.point == point and self.agent == agent and self.batch == batch:
             raise InjectedFault(f"injected {point} failure in {agent} batch {batch}")
+
+    def check_sweep(self) -> None:
+        """Counts the expiry sweeps; raises in the one FAULT_INJECTION=sweep:expiry:<n> names."""
+        if self.point == "sweep":
+            self.check("expiry", "sweep", self.next_batch("expiry"))

@@ -28,6 +28,9 @@ Two more guards on Faust's path. A rebalance that starts while the seek is in pr
 see this recovery resume the stream partitions (the next recovery does, after restoring); and a
 recovery step that times out must stop the worker: Faust's `_wait` reports a timeout as "stopped",
 and its recovery loop then ends for good, leaving the streams paused while the worker looks alive.
+The seek's own failures (a broker that does not answer the committed-offset lookup, records lost on
+every seek) stop the worker the same way: raised through Faust, they crashed the app by its graceful
+shutdown instead, with /healthz still "ok" while it ran.
 Everything else is Faust's own code path, unchanged.
 """
 
@@ -48,8 +51,13 @@ _MAX_SEEKS = 10
 class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
     """Faust's `Recovery` with stream partitions sought to committed offsets *before* they resume."""
 
-    # Called with the reason when a recovery step timed out (the worker sets `stop_worker`).
-    on_timeout: Callable[[str], None] | None = None
+    # Called with the reason when a recovery step cannot finish (the worker sets `stop_worker`).
+    on_failure: Callable[[str], None] | None = None
+
+    def _failed(self, reason: str) -> None:
+        self.log.error(reason)
+        if self.on_failure is not None:
+            self.on_failure(reason)
 
     async def _wait(self, coro: Any, timeout: Any = None) -> None:
         try:
@@ -57,10 +65,7 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         except ServiceStopped:
             if self.should_stop or timeout is None:
                 raise  # really stopping
-            reason = f"a table recovery step took longer than {timeout} s: partitions would stay paused"
-            self.log.error(reason)
-            if self.on_timeout is not None:
-                self.on_timeout(reason)
+            self._failed(f"a table recovery step took longer than {timeout} s: partitions would stay paused")
             raise
 
     async def _seek_then_resume_streams(self) -> bool:
@@ -72,6 +77,22 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         if not assignment:
             return True
         streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
+        try:
+            await self._seek_until_nothing_dropped(consumer, streams)
+        except ServiceStopped:
+            raise  # stopping, or a timeout `_wait` has already reported
+        except Exception as exc:  # the streams stay paused: a worker that looks alive must not
+            self._failed(f"seeking the stream partitions to their committed offsets failed: {exc!r}")
+            raise
+        if app.rebalancing_count != rebalances or self.signal_recovery_start.is_set():
+            # Those partitions may not be this worker's any more, and the next recovery restores its
+            # tables before it resumes them: resuming now would let records reach half-restored state.
+            self.log.warning("Another rebalance began during the seek: streams stay paused for its recovery")
+            return False
+        consumer.resume_partitions(streams)  # no await since the last check: nothing drops in between
+        return True
+
+    async def _seek_until_nothing_dropped(self, consumer: Any, streams: set[Any]) -> None:
         for attempt in range(1, _MAX_SEEKS + 1):
             # A fetch that returns while the streams are paused drops their records past the
             # position just sought (streams/transport.py); seek again until none did.
@@ -80,17 +101,9 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
             self.log.info("Seek stream partitions to committed offsets (partitions still paused).")
             await self._seek_to_committed(consumer, streams)
             if not dropped & streams:
-                break
+                return
             self.log.info(f"Records of {sorted(dropped & streams)} were fetched during the seek ({attempt})")
-        else:
-            raise RuntimeError(f"stream partitions kept losing fetched records after {_MAX_SEEKS} seeks")
-        if app.rebalancing_count != rebalances or self.signal_recovery_start.is_set():
-            # Those partitions may not be this worker's any more, and the next recovery restores its
-            # tables before it resumes them: resuming now would let records reach half-restored state.
-            self.log.warning("Another rebalance began during the seek: streams stay paused for its recovery")
-            return False
-        consumer.resume_partitions(streams)  # no await since the last check: nothing drops in between
-        return True
+        raise RuntimeError(f"stream partitions kept losing fetched records after {_MAX_SEEKS} seeks")
 
     async def _seek_to_committed(self, consumer: Any, streams: set[Any]) -> None:
         timeout = self.app.conf.broker_request_timeout

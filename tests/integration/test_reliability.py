@@ -121,6 +121,48 @@ def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
     assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
 
 
+def test_a_failed_expiry_sweep_stops_the_worker_and_loses_nothing(kafka: RunningBroker) -> None:
+    """The sweep runs on a Faust timer, whose exception crashed the app through Faust's graceful
+    shutdown (not exit 70, /healthz "ok" while it ran). It stops the worker as a failed batch does."""
+    d = deploy(
+        kafka,
+        partitions=1,
+        BATCH_SIZE="5",
+        SWEEP_INTERVAL_SECONDS="0.5",
+        FAULT_INJECTION="sweep:expiry:2",
+        FATAL_EXIT_DELAY_SECONDS="10",
+    )
+    events = _traffic("sweep-fault", n=60)
+    ids = {e["event_id"] for e in events}
+    try:
+        d.produce(events)  # read while the sweeps run: the failure lands between batches
+        failing = d.start_worker()
+        port = d.web_ports[0]
+        reason = None
+        deadline = time.monotonic() + 90
+        while reason is None and time.monotonic() < deadline and failing.alive():
+            try:
+                status, body = health(port, "/healthz")
+            except OSError:
+                status, body = 0, {}
+            if status == 503:
+                reason = body["reason"]
+            time.sleep(0.05)
+        assert reason is not None and reason.startswith("stopping: the expiry sweep failed: InjectedFault"), (
+            reason,
+            d.log_text()[-2000:],
+        )
+        assert _wait_exit(failing) == EXIT_BATCH_FAILED
+        d.env.pop("FAULT_INJECTION")
+        d.start_worker()
+        records = _collect_all(d, ids)
+    finally:
+        d.stop()
+    own = _own_outputs(d, records)
+    missing = [e["event_id"] for e in events if e["event_id"] not in own]
+    assert missing == [], f"inputs never scored ({len(missing)}); logs in {d.workdir}"
+
+
 def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
     # The 503 window is FATAL_EXIT_DELAY_SECONDS: 10 s rather than the default 3, so that a busy machine
     # (two test processes on two cores) still sees both endpoints answer before the exit.

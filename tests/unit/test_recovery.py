@@ -133,9 +133,52 @@ async def test_a_recovery_step_that_times_out_stops_the_worker() -> None:
     recovery = svc.app.tables.recovery
     assert isinstance(recovery, SeekThenResumeRecovery)
     reasons: list[str] = []
-    recovery.on_timeout = reasons.append
+    recovery.on_failure = reasons.append
     with pytest.raises(ServiceStopped):
         await recovery._wait(asyncio.sleep(5), timeout=0.05)
     assert len(reasons) == 1 and "took longer than 0.05 s" in reasons[0]
     await recovery._wait(asyncio.sleep(0), timeout=5)  # in time: nothing reported
     assert len(reasons) == 1
+
+
+class UnansweredSeekConsumer(RecordingConsumer):
+    """The broker never answers the committed-offset lookup."""
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        await asyncio.sleep(3600)
+        return {}
+
+
+class AlwaysDroppingConsumer(DroppingConsumer):
+    """Every seek loses fetched records of the stream partition."""
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self.dropped_partitions.add(TP("agent-events", 0))
+        return {TP("agent-events", 0): 7}
+
+
+@pytest.mark.parametrize(
+    ("consumer_class", "error", "cause"),
+    [
+        (UnansweredSeekConsumer, TimeoutError, "TimeoutError"),
+        (AlwaysDroppingConsumer, RuntimeError, "kept losing fetched records after 10 seeks"),
+    ],
+)
+async def test_a_seek_that_cannot_finish_stops_the_worker(
+    consumer_class: type[RecordingConsumer], error: type[Exception], cause: str
+) -> None:
+    """Only Faust's `_wait` timeouts were reported: the seek's own timeout and the lost-records limit
+    crashed the app through Faust's graceful shutdown, with /healthz "ok" while it ran and the
+    streams paused. Both are reported now (the worker wires `stop_worker`: exit 70) and still raised."""
+    svc = create_app(load_settings())
+    svc.app.conf.broker_request_timeout = 0.05
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    consumer = consumer_class(svc.traces.changelog_topic.get_topic_name())
+    svc.app.consumer = consumer
+    with pytest.raises(error):
+        await recovery._seek_then_resume_streams()
+    assert len(reasons) == 1 and cause in reasons[0], reasons
+    assert "resume" not in [name for name, _ in consumer.calls]
