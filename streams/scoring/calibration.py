@@ -91,7 +91,14 @@ class ActionStats(NamedTuple):
 
     @property
     def observed_accuracy(self) -> float | None:
-        return self.sum_observed / self.n if self.n else None
+        return _within(self.sum_observed / self.n, 0.0, 1.0) if self.n else None
+
+
+def _within(value: float, low: float, high: float) -> float:
+    """`value` kept in [low, high]. Window totals are kept by adding each outcome and subtracting each
+    hour that leaves, and graded outcomes make those float sums drift by a few ulps: a mean of values in
+    [0, 1] came out as -4.4e-16 or 1.0000000000000004, and a bin's mean just under its lower edge."""
+    return min(high, max(low, value))
 
 
 K = TypeVar("K")
@@ -121,8 +128,10 @@ class ThresholdAdvice(BaseModel):
 
 
 def fine_bin(predicted: float) -> int:
-    """The fine bin of a prediction in [0, 1]."""
-    return bisect_right(_FINE_EDGES, predicted)
+    """The fine bin of a prediction in [0, 1], after rounding to 9 decimals as every threshold
+    comparison is (DESIGN 4b): 0.7 + 0.1 = 0.7999999999999999 meets a 0.80 threshold, so it belongs
+    to the bin that starts at 0.80, where the threshold advice counts it as allowed."""
+    return bisect_right(_FINE_EDGES, round(predicted, 9))
 
 
 def add(histogram: Histogram, predicted: float, observed: float) -> dict[int, BinStats]:
@@ -188,21 +197,24 @@ def summary(histogram: Histogram) -> tuple[int, float | None, float | None]:
         return 0, None, None
     squared = sum(stats.sum_squared_error for stats in histogram.values())
     gaps = sum(abs(o / c - p / c) * c for c, p, o in _coarse(histogram) if c)
-    return n, gaps / n, squared / n
+    return n, _within(gaps / n, 0.0, 1.0), _within(squared / n, 0.0, 1.0)
 
 
 def reliability(histogram: Histogram) -> list[ReliabilityBin]:
     """The 10-bin reliability diagram (empty bins have count 0 and no means)."""
-    return [
-        ReliabilityBin(
-            lower=coarse / RELIABILITY_BINS,
-            upper=(coarse + 1) / RELIABILITY_BINS,
-            count=count,
-            mean_predicted=predicted / count if count else None,
-            observed_rate=observed / count if count else None,
+    bins = []
+    for coarse, (count, predicted, observed) in enumerate(_coarse(histogram)):
+        lower, upper = coarse / RELIABILITY_BINS, (coarse + 1) / RELIABILITY_BINS
+        bins.append(
+            ReliabilityBin(
+                lower=lower,
+                upper=upper,
+                count=count,
+                mean_predicted=_within(predicted / count, lower, upper) if count else None,
+                observed_rate=_within(observed / count, 0.0, 1.0) if count else None,
+            )
         )
-        for coarse, (count, predicted, observed) in enumerate(_coarse(histogram))
-    ]
+    return bins
 
 
 def ece(histogram: Histogram) -> float | None:
@@ -243,7 +255,7 @@ def advise_threshold(histogram: Histogram, target_precision: float) -> Threshold
     return ThresholdAdvice(
         target_precision=target_precision,
         threshold=index / FINE_BINS,
-        precision=precision,
+        precision=_within(precision, 0.0, 1.0),
         allowed=count,
         held_back_share=(n - count) / n,
     )

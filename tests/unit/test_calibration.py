@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sklearn.calibration import calibration_curve
@@ -80,7 +82,7 @@ def brute_force_advice(
     """Every grid threshold, lowest first: the first whose allowed (p >= t) precision meets the target."""
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS
-        allowed = [o for p, o in points if p >= threshold]
+        allowed = [o for p, o in points if round(p, 9) >= threshold]  # the service's comparison
         if allowed and round(sum(allowed) / len(allowed), 9) >= target:
             return threshold, len(allowed), (len(points) - len(allowed)) / len(points)
     return None, 0, None
@@ -131,3 +133,36 @@ def test_threshold_advice_compares_precision_after_rounding_to_9_decimals() -> N
     advice = calibration.advise_threshold(histogram_of([(0.95, 0.95), (0.85, 0.85)]), 0.9)
     assert advice.threshold == 0.0
     assert advice.allowed == 2
+
+
+def test_a_score_that_meets_a_threshold_after_rounding_is_in_that_thresholds_bin() -> None:
+    """0.7 + 0.1 = 0.7999999999999999 meets a 0.80 threshold in the service (DESIGN 4b). It was counted
+    below 0.80, so the advice said 0.80 allows the 0.85 alone (precision 1.0) where it allows both."""
+    assert calibration.fine_bin(0.7 + 0.1) == 80
+    assert calibration.fine_bin(1 - 0.9) == 10  # 0.09999999999999998: reliability bin [0.1, 0.2)
+    advice = calibration.advise_threshold(histogram_of([(0.7 + 0.1, 0.0), (0.85, 1.0)]), 0.9)
+    assert (advice.threshold, advice.allowed, advice.precision) == (0.81, 1, 1.0)
+    assert calibration.reliability(histogram_of([(1 - 0.9, 1.0)]))[1].count == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rates_and_means_stay_in_range_after_hours_leave_the_window(seed: int) -> None:
+    """Window totals add each outcome and subtract each hour that leaves; with graded outcomes the float
+    sums drift: an observed rate of -4.4e-16 or 1.0000000000000004, a mean under its bin's lower edge."""
+    rng = random.Random(seed)
+    hours: dict[int, dict[int, calibration.BinStats]] = {}
+    totals: dict[int, calibration.BinStats] = {}
+    for hour in range(40):
+        bucket: dict[int, calibration.BinStats] = {}
+        for _ in range(rng.randint(0, 20)):
+            p = rng.choice([rng.random(), 0.999, 0.3, 1.0, 0.05])
+            o = rng.choice([0.0, 1.0, rng.random(), p])
+            bucket, totals = calibration.add(bucket, p, o), calibration.add(totals, p, o)
+        hours[hour] = bucket
+        if hour >= 5:
+            totals = calibration.subtract(totals, hours.pop(hour - 5))
+        for b in calibration.reliability(totals):
+            assert b.observed_rate is None or 0.0 <= b.observed_rate <= 1.0
+            assert b.mean_predicted is None or b.lower <= b.mean_predicted <= b.upper
+        n, ece, brier = calibration.summary(totals)
+        assert n == 0 or (0.0 <= ece <= 1.0 and 0.0 <= brier <= 1.0)  # type: ignore[operator]
