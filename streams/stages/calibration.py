@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Literal
 
 import orjson
@@ -243,10 +244,15 @@ class CalibrationStage:
         # again), and a replayed batch sends the same scores in the same order. A trace re-scored by
         # an input with an earlier timestamp is judged by its new score.
         subject = self._bounded_subject(subject)
-        for outcome in entry.waiting:
+        # An outcome whose wait had ended by this score's event time is unmatched, as the sweep would
+        # have made it: whether the sweep ran before the score arrived must not decide.
+        joined = [o for o in entry.waiting if subject.event_time <= self._wait_until(o)]
+        for outcome in joined:
             self._apply(tenant, subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
-        applied = (*entry.applied, *(o.event_id for o in entry.waiting))
+        if unmatched := len(entry.waiting) - len(joined):
+            out.meter(partial(self.metrics.outcomes_unmatched.inc, unmatched))
+        applied = (*entry.applied, *(o.event_id for o in joined))
         batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
 
     def _outcome(
@@ -261,7 +267,9 @@ class CalibrationStage:
             out.meter(self.metrics.child(self.metrics.outcomes, "over_limit").inc)
             return  # the entry is one changelog record: it must stay under the broker's record limit
         outcome = self._bounded_outcome(outcome)
-        if entry.subject is None:
+        if entry.subject is None or outcome.timestamp > self._join_until(entry.subject):
+            # No score yet, or one whose join window had ended by the outcome's event time: the sweep
+            # deletes such a score, and whether it ran yet must not decide. Wait for a newer score.
             out.meter(self.metrics.child(self.metrics.outcomes, "waiting").inc)
             entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
         else:

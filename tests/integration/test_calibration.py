@@ -248,6 +248,51 @@ def test_calibration_view_alert_advice_and_expiry(kafka: RunningBroker) -> None:
         d.stop()
 
 
+def test_the_join_windows_hold_by_event_time_without_a_sweep(kafka: RunningBroker) -> None:
+    """A score joins outcomes up to CALIBRATION_JOIN_WINDOW_HOURS after it, and an outcome waits
+    CALIBRATION_OUTCOME_WAIT_HOURS for its score, in event time. Before the twenty-seventh round only
+    the sweep applied both, so without one (an hour apart here) the late pairs were matched."""
+    d = deploy(kafka, partitions=1, CALIBRATION_JOIN_WINDOW_HOURS="2", SWEEP_INTERVAL_SECONDS="3600")
+    f = EventFactory(tenant="join")
+
+    def outcomes() -> dict[str, float]:
+        return {s: metric(d, "confidence_outcomes_total", status=s) for s in ("matched", "waiting")} | {
+            "unmatched": metric(d, "confidence_outcomes_unmatched_total")
+        }
+
+    def settled(done: Callable[[dict[str, float]], bool], what: str) -> dict[str, float]:
+        def check() -> dict[str, float] | None:
+            try:
+                counts = outcomes()
+            except OSError:  # the worker's web server is not up yet (URLError is an OSError)
+                return None
+            return counts if done(counts) else None
+
+        return dict(wait_for(check, what))
+
+    d.start_worker()
+    try:
+        scored = f.response("join-1", 0, model="m1", token_logprobs=[-0.1])
+        d.produce([scored, f.outcome("join-1", 1, subject_event_id=scored["event_id"], correct=True)])
+        before = settled(lambda c: c["matched"] == 1, "the first outcome matched")["waiting"]
+        # (1 waiting if that outcome arrived before its score)
+        # 3 hours after the score: past its 2-hour join window, so it waits for a newer score.
+        d.produce([f.outcome("join-1", 180, subject_event_id=scored["event_id"], correct=False)])
+        counts = settled(lambda c: c["waiting"] > before or c["matched"] > 1, "the late outcome")
+        assert counts == {"matched": 1, "waiting": before + 1, "unmatched": 0}
+        # An outcome first, then its score 2 hours later: its hour of waiting had ended.
+        late = f.response("join-2", 120, model="m1", token_logprobs=[-0.1])
+        d.produce([f.outcome("join-2", 0, subject_event_id=late["event_id"], correct=True)])
+        settled(lambda c: c["waiting"] == before + 2, "the early outcome waiting")
+        d.produce([late])
+        counts = settled(lambda c: c["unmatched"] > 0 or c["matched"] > 1, "the late score")
+        assert counts == {"matched": 1, "waiting": before + 2, "unmatched": 1}
+        samples = wait_for(lambda: group_view(d, "model=m1&kind=response", 1, tenant="join"), "the group")
+        assert samples["samples"] == 1
+    finally:
+        d.stop()
+
+
 def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
     for i in range(calibration.FINE_BINS):
         allowed = [o for p, o in pairs if p >= i / calibration.FINE_BINS]

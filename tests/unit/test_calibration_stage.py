@@ -361,3 +361,59 @@ def test_agent_types_that_differ_only_in_case_are_one_group() -> None:
     w.feed(_outcome("o1", "r1", 2), _outcome("o2", "r2", 3, correct=False))
     assert calibration.total(w.group_of("agent_type", "planner").bins) == 2
     assert group_key(TENANT, "agent_type", "Planner", "response") not in w.tables
+
+
+def _swept(w: _Worker, minutes: float) -> None:
+    """The sweep of every subject entry (as streams/agents.py runs it), the clock at `minutes`."""
+    w.stage.clock = ExpiryClock(timedelta(hours=1), None)  # one source: no idle wait before sweeping
+    w.feed(_score("clock", minutes))  # moves the partition's event time
+    for key, entry in list(w.tables.items()):
+        if isinstance(entry, SubjectEntry) and key != subject_key(TENANT, "response", "clock"):
+            kept, unmatched = w.stage.sweep_subject(key, entry)
+            w.stage.metrics.outcomes_unmatched.inc(unmatched)
+            if kept is None:
+                del w.tables[key]
+            else:
+                w.tables[key] = kept
+
+
+@pytest.mark.parametrize("sweep_first", [False, True])
+def test_an_outcome_after_its_scores_join_window_is_unmatched_whether_or_not_the_sweep_ran(
+    sweep_first: bool,
+) -> None:
+    """The join window (7 days of event time) was applied by the sweep alone: an outcome 8 days after
+    its score was matched if it arrived before the sweep and waited (then unmatched) after it."""
+    w = _Worker()
+    day = 24 * 60
+    w.feed(_score("r1", -9 * day))  # in the past: event times are bounded by the wall clock
+    if sweep_first:
+        _swept(w, -day - 1)
+    w.feed(_outcome("o1", "r1", -day))
+    assert (w.outcomes("matched"), w.outcomes("waiting")) == (0, 1)
+    _swept(w, -day + 61)  # its hour of waiting ended: unmatched
+    assert w.registry.get_sample_value("confidence_outcomes_unmatched_total") == 1
+    assert group_key(TENANT, "model", "m", "response") not in w.tables
+
+
+@pytest.mark.parametrize("sweep_first", [False, True])
+def test_a_score_after_its_outcomes_wait_ended_leaves_it_unmatched_whether_or_not_the_sweep_ran(
+    sweep_first: bool,
+) -> None:
+    """An outcome waits an hour (event time) for its score; a score 2 hours later matched it unless the
+    sweep had run in between."""
+    w = _Worker()
+    w.feed(_outcome("o1", "r1", 0))
+    if sweep_first:
+        _swept(w, 119)
+    w.feed(_score("r1", 120))
+    assert w.outcomes("matched") == 0
+    assert w.registry.get_sample_value("confidence_outcomes_unmatched_total") == 1
+    assert group_key(TENANT, "model", "m", "response") not in w.tables
+
+
+def test_a_score_within_its_outcomes_wait_still_matches_it() -> None:
+    w = _Worker()
+    w.feed(_outcome("o1", "r1", 0))
+    w.feed(_score("r1", 60))  # exactly at the end of the hour: still joined
+    assert w.outcomes("matched") == 1
+    assert calibration.total(w.group().bins) == 1
