@@ -100,7 +100,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
         return calibration_states[table].load(key)
 
     table_recovery = app.tables.recovery
-    if isinstance(table_recovery, SeekThenResumeRecovery):  # a recovery step that timed out stops the worker
+    if isinstance(table_recovery, SeekThenResumeRecovery):  # a recovery that cannot finish stops the worker
         table_recovery.on_failure = lambda reason: stop_worker(svc, reason)
 
     # Made here, not in the agents, so the sweep can send its table changes through them (in order).

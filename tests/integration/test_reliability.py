@@ -80,6 +80,17 @@ def _collect_all(d: Deployment, ids: set[str], timeout: float = 120) -> list[Con
         return seen  # the caller's assertion names what is missing
 
 
+def _scored_by_a_successor(d: Deployment, events: list[dict[str, Any]], why: str) -> dict[str, set[str]]:
+    """Start a worker without the fault (it re-reads from the committed offsets); every input must get
+    its own output. Returns the output ids per input."""
+    d.env.pop("FAULT_INJECTION")
+    d.start_worker()
+    own = _own_outputs(d, _collect_all(d, {e["event_id"] for e in events}))
+    missing = [(e["event_id"], e["event_type"], e["trace_id"]) for e in events if e["event_id"] not in own]
+    assert missing == [], f"{why}: inputs never scored ({len(missing)}): {missing[:8]}; logs in {d.workdir}"
+    return own
+
+
 def _wait_exit(worker: WorkerProcess, timeout: float = 90) -> int:
     assert worker.process is not None
     return worker.process.wait(timeout=timeout)
@@ -107,15 +118,9 @@ def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
         assert status == EXIT_BATCH_FAILED, f"{why}: worker exited {status}"
         log = d.log_text()
         assert "stopping the worker" in log and "injected" in log, why
-        # The successor, without the fault, re-reads from the committed offsets.
-        d.env.pop("FAULT_INJECTION")
-        d.start_worker()
-        records = _collect_all(d, ids)
+        own = _scored_by_a_successor(d, events, why)
     finally:
         d.stop()
-    own = _own_outputs(d, records)
-    missing = [(e["event_id"], e["event_type"], e["trace_id"]) for e in events if e["event_id"] not in own]
-    assert missing == [], f"{why}: inputs never scored ({len(missing)}): {missing[:8]}; logs in {d.workdir}"
     # Exactly once by event id: each input caused one distinct output id (copies share it).
     several = {k: v for k, v in own.items() if k in ids and len(v) != 1}
     assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
@@ -133,7 +138,6 @@ def test_a_failed_expiry_sweep_stops_the_worker_and_loses_nothing(kafka: Running
         FATAL_EXIT_DELAY_SECONDS="10",
     )
     events = _traffic("sweep-fault", n=60)
-    ids = {e["event_id"] for e in events}
     try:
         d.produce(events)  # read while the sweeps run: the failure lands between batches
         failing = d.start_worker()
@@ -153,14 +157,9 @@ def test_a_failed_expiry_sweep_stops_the_worker_and_loses_nothing(kafka: Running
             d.log_text()[-2000:],
         )
         assert _wait_exit(failing) == EXIT_BATCH_FAILED
-        d.env.pop("FAULT_INJECTION")
-        d.start_worker()
-        records = _collect_all(d, ids)
+        _scored_by_a_successor(d, events, "a failed sweep")
     finally:
         d.stop()
-    own = _own_outputs(d, records)
-    missing = [e["event_id"] for e in events if e["event_id"] not in own]
-    assert missing == [], f"inputs never scored ({len(missing)}); logs in {d.workdir}"
 
 
 def test_health_and_readiness_tell_the_truth(kafka: RunningBroker) -> None:
