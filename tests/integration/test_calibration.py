@@ -295,9 +295,10 @@ def test_the_join_windows_hold_by_event_time_without_a_sweep(kafka: RunningBroke
 
 def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
     for i in range(calibration.FINE_BINS):
-        allowed = [o for p, o in pairs if p >= i / calibration.FINE_BINS]
-        if allowed and sum(allowed) / len(allowed) >= target:
-            return i / calibration.FINE_BINS, len(allowed)
+        threshold = i / calibration.FINE_BINS
+        allowed = [o for p, o in pairs if round(p, 9) >= threshold]  # the service's comparison
+        if allowed and round(sum(allowed) / len(allowed), 9) >= target:
+            return threshold, len(allowed)
     return None, 0
 
 
