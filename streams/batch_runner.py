@@ -61,7 +61,8 @@ def stop_worker(svc: Service, reason: str) -> None:
         return
     svc.health.fatal = reason
     log.critical(
-        "stopping the worker: %s. The batch was not acknowledged; a restarted worker processes it again.",
+        "stopping the worker: %s. Nothing unprocessed is acknowledged; a restarted worker resumes from "
+        "the last committed offsets.",
         reason,
     )
     asyncio.get_running_loop().call_later(svc.settings.fatal_exit_delay_seconds, _exit_now)
