@@ -91,12 +91,19 @@ def test_sigterm_runs_the_clean_up_that_stops_the_broker(tmp_path: Path) -> None
         """
     )
     process = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
     )
-    assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+    assert process.stdout is not None
+    first_line = process.stdout.readline().strip()
     process.send_signal(signal.SIGTERM)
-    process.wait(timeout=20)
-    assert marker.exists()
+    _, stderr = process.communicate(timeout=20)
+    # It failed once under load with nothing captured: say what the child said.
+    why = f"first line {first_line!r}, exit {process.returncode}, stderr: {stderr.decode()[-2000:]}"
+    assert first_line == b"ready", why
+    assert marker.exists(), why
 
 
 @pytest.mark.parametrize(
