@@ -2,8 +2,8 @@
 
 Validity (DESIGN 4): None, NaN, +inf and values > 1e-6 are invalid; values in (0, 1e-6] count as 0.0;
 -inf is valid (its probability is 0). With `enabled=False` no confidence is computed (the caller skips
-`calculate_confidence`) and every response is decided as one without logprobs: allowed, unless
-`treat_null_as_low` applies `on_low` to it.
+`calculate_confidence`) and every response is allowed (docs/DECISIONS.md "Scoring"):
+`treat_null_as_low` judges a missing confidence only while confidence is enabled.
 """
 
 from __future__ import annotations
@@ -83,9 +83,10 @@ def calculate_confidence(
 
 
 def evaluate_confidence(confidence: float | None, cfg: ResponseConfig) -> ConfidenceDecision:
-    """Seed 003's `evaluate_confidence`, branch for branch."""
+    """Seed 003's `evaluate_confidence`, branch for branch; a disabled feature decides nothing."""
     if confidence is None:
-        if cfg.treat_null_as_low:
+        # Disabled, every confidence is None by design: that is not a low one (DECISIONS "Scoring").
+        if cfg.enabled and cfg.treat_null_as_low:
             flags = (LOW_CONFIDENCE,) if cfg.on_low == "flag" else ()
             return ConfidenceDecision(confidence=None, action=cfg.on_low, flags=flags)
         return ConfidenceDecision(confidence=None, action="allow", flags=())

@@ -164,3 +164,45 @@ def test_reject_mode_returns_error_object(kafka: RunningBroker) -> None:
     assert out["flags"] == ["COMPOSITE_BLOCKED"]
     flagged_ids = {o["source_event_id"] for o in d.outputs(records, d.settings.flagged_topic)}
     assert event["event_id"] in flagged_ids
+
+
+def test_disabled_confidence_allows_every_response(kafka: RunningBroker) -> None:
+    """DECISIONS "Scoring": with CONFIDENCE_ENABLED=false every response is allowed. With
+    TREAT_NULL_AS_LOW and ON_LOW=reject set too, the disabled feature's null confidence was judged low:
+    every response came out rejected (null text, error object, a flagged copy)."""
+    d = deploy(
+        kafka,
+        CONFIDENCE_ENABLED="false",
+        CONFIDENCE_TREAT_NULL_AS_LOW="true",
+        CONFIDENCE_ON_LOW="reject",
+    )
+    d.start_worker()
+    try:
+        f = EventFactory()
+        quiet = [
+            f.response("tr-off", token_logprobs=[-2.0, -3.0], **STRONG),  # 0.082: low, were it computed
+            f.response("tr-off", token_logprobs=None, **STRONG),
+        ]
+        # Same trace and agent, so the same partitions: its composite block's copy on flagged-events
+        # comes after any copy of the two above.
+        blocked = f.response("tr-off")
+        d.produce([*quiet, blocked])
+        ids = {e["event_id"] for e in [*quiet, blocked]}
+        scored = count_of("RESPONSE_SCORED", 3, d.settings.scored_topic, ids)
+        copied = count_of("RESPONSE_SCORED", 1, d.settings.flagged_topic, {blocked["event_id"]})
+        records = d.collect(lambda rs: scored(rs) and copied(rs))
+        metrics = scrape(d.web_ports[0])
+    finally:
+        d.stop()
+    outputs = {o["source_event_id"]: o for o in d.outputs(records) if o["event_type"] == "RESPONSE_SCORED"}
+    for event in [*quiet, blocked]:
+        out = outputs[event["event_id"]]
+        assert (out["confidence"], out["action"], out["error"]) == (None, "allow", None), out
+        assert "LOW_CONFIDENCE" not in out["flags"]
+    assert outputs[quiet[0]["event_id"]]["response"] == STRONG["response"]
+    assert outputs[blocked["event_id"]]["flags"] == ["COMPOSITE_BLOCKED"]
+    flagged_ids = {o["source_event_id"] for o in d.outputs(records, d.settings.flagged_topic)}
+    assert flagged_ids == {blocked["event_id"]}
+    labels = {"tenant": blocked["tenant_id"], "model": "gpt-4o", "endpoint": "/v1/chat"}
+    assert metrics.value("llm_confidence_rejected_total", **labels) in (None, 0.0)
+    assert metrics.value("llm_confidence_missing_total", **labels) in (None, 0.0)

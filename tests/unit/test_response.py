@@ -62,6 +62,9 @@ def _cfg(**kw: object) -> ResponseConfig:
         (None, _cfg(treat_null_as_low=True), "flag", ("LOW_CONFIDENCE",)),
         (None, _cfg(treat_null_as_low=True, on_low="reject"), "reject", ()),
         (None, _cfg(treat_null_as_low=True, on_low="allow"), "allow", ()),
+        # Disabled: no confidence is computed, and that is not a low one (DECISIONS "Scoring").
+        (None, _cfg(enabled=False, treat_null_as_low=True), "allow", ()),
+        (None, _cfg(enabled=False, treat_null_as_low=True, on_low="reject"), "allow", ()),
         (0.39, _cfg(), "flag", ("LOW_CONFIDENCE",)),
         (0.39, _cfg(on_low="reject"), "reject", ()),
         (0.39, _cfg(on_low="allow"), "allow", ()),
