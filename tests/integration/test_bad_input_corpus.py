@@ -203,6 +203,13 @@ def build_corpus(f: EventFactory) -> list[Bad]:
         ),
     )
     c.add("assessed_upper NaN", "non_finite_number", json_with_nan(c.event("claim"), assessed_upper="NaN"))
+    # In fields the models drop unread: pydantic's parser let these through and the events were scored.
+    c.add("unknown field NaN", "non_finite_number", json_with_nan(c.event(), temperature="NaN"))
+    c.add(
+        "unknown field in a hit Infinity",
+        "non_finite_number",
+        json_with_nan(c.event(), retrieval='[{"similarity":0.9,"rank":Infinity}]'),
+    )
     # Outside [0, 1], or negative counts.
     c.add("similarity 1.5", "out_of_range", c.event(retrieval=[{"similarity": 1.5}]))
     c.add("instance_trust -0.1", "out_of_range", c.event("claim", instance_trust=-0.1))

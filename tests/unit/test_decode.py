@@ -47,6 +47,28 @@ def test_non_finite_literals_accepted_only_inside_token_logprobs() -> None:
     assert isinstance(letter, DeadLetter) and letter.reason == "non_finite_number"
 
 
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        (b'"temperature":NaN', "temperature"),
+        (b'"retrieval":[{"similarity":0.9,"rank":Infinity}]', "retrieval.0.rank"),
+        (b'"meta":{"scores":[0.5,-Infinity]}', "meta.scores.1"),
+    ],
+)
+def test_a_non_finite_literal_in_an_unknown_field_is_bad_input(extra: bytes, where: str) -> None:
+    """DESIGN 4b: NaN / Infinity only as token_logprobs entries. In a field the models drop unread,
+    pydantic's parser accepted them and the event was scored."""
+    letter = _decode(orjson.dumps(BASE)[:-1] + b"," + extra + b"}")
+    assert isinstance(letter, DeadLetter) and letter.reason == "non_finite_number", letter
+    assert letter.message.startswith(f"{where}: ")
+
+
+def test_the_words_nan_and_infinity_in_text_are_no_literals() -> None:
+    text = {**BASE, "response": 'NaN and Infinity, "quoted": NaN', "NaN": "Infinity"}
+    raw = orjson.dumps(text)[:-1] + b',"token_logprobs":[NaN,-Infinity]}'
+    assert isinstance(_decode(raw), LlmResponse)
+
+
 def test_unknown_extra_fields_are_dropped() -> None:
     event = _decode(orjson.dumps({**BASE, "secret_extra": "x"}))
     assert isinstance(event, LlmResponse)
