@@ -25,10 +25,18 @@ class Health:
         now = time.monotonic()
         return sorted(a for a, t in self.crashes.items() if now - t < CRASH_MEMORY_SECONDS)
 
-    def liveness(self) -> tuple[bool, str]:
-        """Alive unless stopping on a fatal error or an agent crashed in the last minute."""
+    def liveness(self, app: Any) -> tuple[bool, str]:
+        """Alive unless stopping (a fatal error, a shutdown, a crash) or an agent crashed in the last minute."""
         if self.fatal is not None:
             return False, f"stopping: {self.fatal}"
+        # Faust stops the agents, tables and consumer before the web server: while it shuts down or
+        # after a crash nothing is processed, though these endpoints still answer.
+        if app.should_stop:
+            reason = app.crash_reason
+            return (
+                False,
+                f"stopping: crashed ({type(reason).__name__})" if reason else "stopping: shutting down",
+            )
         crashed = self.recent_crashes()
         if crashed:
             return False, f"agent crashed in the last {CRASH_MEMORY_SECONDS:.0f} s: {', '.join(crashed)}"
@@ -36,7 +44,7 @@ class Health:
 
     def readiness(self, app: Any) -> tuple[bool, str]:
         """Ready: alive, partitions assigned (no rebalance in progress) and tables recovered."""
-        alive, reason = self.liveness()
+        alive, reason = self.liveness(app)
         if not alive:
             return False, reason
         # Faust keeps `rebalancing` set while it restores, and sets `recovery.completed` only once: ask

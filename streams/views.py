@@ -150,10 +150,10 @@ def attach_views(
 
     @app.page("/healthz")
     class HealthView(View):  # type: ignore[misc]
-        """Liveness: 503 while the worker is stopping on a failed batch or an agent crashed recently."""
+        """Liveness: 503 while the worker is stopping (failed batch, shutdown, crash) or an agent crashed recently."""
 
         async def get(self, request: Request) -> Response:
-            alive, reason = svc.health.liveness()
+            alive, reason = svc.health.liveness(app)
             body = {"status": "ok" if alive else "failing", "reason": reason, "app_id": svc.settings.app_id}
             return _json(self.web, body, 200 if alive else 503)
 
