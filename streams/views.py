@@ -271,13 +271,10 @@ def attach_views(
             newest = history.newest or max((e.event_time for e in history.entries), default=datetime.now(UTC))
             threshold = svc.configs.composite.threshold_for(history.agent_type)
             # The window ends at the agent's newest event (event time), not the wall clock, and
-            # reaches back at most as far as the history is kept.
-            try:
-                since = newest + timedelta(microseconds=1) - timedelta(hours=hours)
-            except OverflowError:  # a window reaching past datetime's range
-                return _json(self.web, {"error": "hours is out of range"}, 400)
-            horizon = newest - timedelta(hours=svc.settings.history_retention_hours)
-            recent = agent_entries(history, _hour_loader(svc), max(since, horizon))
+            # reaches back at most as far as the history is kept: the hours reported are those counted.
+            hours = min(hours, svc.settings.history_retention_hours)
+            since = newest + timedelta(microseconds=1) - timedelta(hours=hours)
+            recent = agent_entries(history, _hour_loader(svc), since)
             return _json(self.web, agent_statistics(history, recent, hours, threshold))
 
     @app.page("/calibration/{tenant_id}")

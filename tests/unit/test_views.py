@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from faust.exceptions import SameNode
 
-from streams.app import create_app
+from streams.app import Service, create_app
 from streams.config import load_settings
 from streams.decoded_states import UndecodableState
 from streams.stages.calibration import group_key
-from streams.state import GroupCalibration, table_key
+from streams.stages.history import hour_key, stored_hours
+from streams.state import AgentHistory, GroupCalibration, HistoryEntry, encode_history_hour, table_key
 from streams.views import _answers_unreadable_state, attach_views, claim_matches, tenant_of_key
 
 
@@ -114,3 +116,69 @@ def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
         400,
         {"error": "kind must be one of response, composite, evidence, claim"},
     )
+
+
+NEWEST = datetime(2026, 3, 2, 12, tzinfo=UTC)
+
+
+def _owning_every_key(**overrides: object) -> Service:
+    """A service with its views attached, whose router says this worker owns every key."""
+    svc = create_app(load_settings(**overrides))
+
+    async def same_node(*_: Any, **__: Any) -> Any:
+        raise SameNode()
+
+    svc.app.router.route_req = lambda *_, **__: same_node()
+    svc.app.router.route_topic_req = lambda *_, **__: same_node()
+    attach_views(svc)
+    svc.app.web.init_server()
+    return svc
+
+
+def _ask(svc: Service, check: Callable[[TestClient], Awaitable[None]]) -> None:
+    """`check` against the real aiohttp routes, in process."""
+
+    async def run() -> None:
+        async with TestClient(TestServer(svc.app.web.web_app)) as client:
+            await check(client)
+
+    asyncio.run(run())
+
+
+def _store_agent(svc: Service, ages: list[timedelta]) -> None:
+    """An agent whose responses are `ages` older than NEWEST, stored as stage 2 stores them."""
+    entries = tuple(
+        HistoryEntry(
+            event_id=f"e{i}",
+            event_time=NEWEST - age,
+            threshold_met=True,
+            composite=0.9,
+            blocked=False,
+            history_score=0.5,
+        )
+        for i, age in sorted(enumerate(ages), key=lambda pair: -pair[1])
+    )
+    counts, chunks = stored_hours(entries, svc.settings.history_chunk_bytes)
+    summary = AgentHistory(
+        tenant_id="acme", agent_name="patcher-1", agent_type="patcher", newest=NEWEST, hours=counts
+    )
+    svc.agents_history.data[table_key("acme", "patcher-1")] = summary.model_dump_json().encode()
+    for (hour, index), chunk in chunks.items():
+        svc.agent_history_hours.data[hour_key("acme", "patcher-1", hour, index)] = encode_history_hour(chunk)
+
+
+def test_the_agent_view_reports_the_hours_it_counted() -> None:
+    """hours=168 on a worker keeping 24 h counted a day and said "lookback_hours": 168 (review).
+    A window past datetime's range (1e9 h) was a 400 though it is cut at the retention anyway."""
+    svc = _owning_every_key(history_retention_hours=24.0, history_window_hours=24.0)
+    _store_agent(svc, [timedelta(0), timedelta(hours=10), timedelta(hours=30)])
+
+    async def check(client: TestClient) -> None:
+        answers = []
+        for hours in ("168", "1e9", "12", "24"):
+            response = await client.get("/agents/acme/patcher-1", params={"hours": hours})
+            body = await response.json()
+            answers.append((response.status, body.get("lookback_hours"), body.get("total_executions")))
+        assert answers == [(200, 24.0, 2), (200, 24.0, 2), (200, 12.0, 2), (200, 24.0, 2)]
+
+    _ask(svc, check)
