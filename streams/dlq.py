@@ -1,7 +1,8 @@
 """Dead letters as data: the decoder returns a `DeadLetter` instead of raising through the stream.
 
-A dead letter keeps the raw record (with every `token_logprobs` array removed), a short reason code and a
-sanitised message (never an input value), and is written to the DLQ with Kafka Connect's error headers.
+A dead letter keeps the raw record (with the value of every key naming logprobs removed: `token_logprobs`,
+and also `top_logprobs` or `logprobs` that a producer adds), a short reason code and a sanitised message
+(never an input value), and is written to the DLQ with Kafka Connect's error headers.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ Reason = Literal[
     "oversized_output",
 ]
 
-LOGPROBS_KEY = "token_logprobs"
+# A key is removed with its value when its name contains this, in any case: raw logprobs never leave
+# memory (DESIGN 1), whichever field a producer puts them in.
+LOGPROBS_MARK = "logprob"
 _REMOVED = "<removed>"
-_REPLACEMENT = b'"token_logprobs":"<removed>"'
+_MENTION = re.compile(LOGPROBS_MARK.encode(), re.IGNORECASE)
 # For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): every
-# `"<key>":` whose key decodes to token_logprobs (escapes included), found at every quote so that a key
+# `"<key>":` whose key decodes to a logprobs name (escapes included), found at every quote so that a key
 # hidden inside another key's malformed value is found too. Up to 96 units (an escape's `\u` is one,
 # its 4 digits four): "token_logprobs" written wholly as `\uXXXX` escapes takes 70 (64 let it through).
+# A longer key naming logprobs is not matched as a key, so its mention cuts the rest of the record.
 _KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,96})"\s*:\s*))', re.DOTALL)
 _STRUCTURE = re.compile(rb'["\\\[\]{},]')
 _QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
@@ -59,14 +63,14 @@ class DeadLetter:
 
 def _strip(value: object) -> object:
     if isinstance(value, dict):
-        return {k: (_REMOVED if k == LOGPROBS_KEY else _strip(v)) for k, v in value.items()}
+        return {k: (_REMOVED if _names_logprobs(k) else _strip(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
 
 
 def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
-    """The record as stored in the DLQ: every `token_logprobs` value replaced, at most `max_bytes` long."""
+    """The record as stored in the DLQ: every logprobs key's value replaced, at most `max_bytes` long."""
     try:
         stripped = orjson.dumps(_strip(orjson.loads(raw)))
     except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
@@ -87,17 +91,18 @@ def _cut(data: bytes, max_bytes: int) -> bytes:
 
 
 def _strip_text(raw: bytes) -> bytes:
-    """Every token_logprobs key with its value replaced; any other mention cuts the rest of the record."""
+    """Every logprobs key with its value replaced; any other mention cuts the rest of the record."""
     spans: list[tuple[int, int, bytes]] = []  # (start, end, replacement), by start, not overlapping
     for match in _KEY.finditer(raw):
         if _is_logprobs_key(match.group(2)):
             start, end = match.start(), _value_end(raw, match.start() + len(match.group(1)))
+            replacement = match.group(1) + b'"' + _REMOVED.encode() + b'"'  # the key, then the marker
             if spans and start < spans[-1][1]:
-                spans[-1] = (spans[-1][0], max(spans[-1][1], end), _REPLACEMENT)
+                spans[-1] = (spans[-1][0], max(spans[-1][1], end), spans[-1][2])
             else:
-                spans.append((start, end, _REPLACEMENT))
+                spans.append((start, end, replacement))
     covering = 0
-    for mention in re.finditer(LOGPROBS_KEY.encode(), raw):
+    for mention in _MENTION.finditer(raw):
         while covering < len(spans) and spans[covering][1] <= mention.start():
             covering += 1
         if covering == len(spans) or spans[covering][0] > mention.start():
@@ -111,13 +116,18 @@ def _strip_text(raw: bytes) -> bytes:
     return b"".join(parts)
 
 
+def _names_logprobs(key: str) -> bool:
+    return LOGPROBS_MARK in key.lower()
+
+
 def _is_logprobs_key(name: bytes) -> bool:
     if b"\\" not in name:
-        return name == LOGPROBS_KEY.encode()
+        return _MENTION.search(name) is not None
     try:
-        return bool(json.loads(b'"' + name + b'"') == LOGPROBS_KEY)  # the key written with escapes
+        key = json.loads(b'"' + name + b'"')  # the key written with escapes
     except ValueError:
         return False
+    return isinstance(key, str) and _names_logprobs(key)
 
 
 def _value_end(raw: bytes, start: int) -> int:

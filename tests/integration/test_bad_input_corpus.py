@@ -154,6 +154,21 @@ def build_corpus(f: EventFactory) -> list[Bad]:
         "missing_field",
         c.event("claim", relationships=[{"type": "supports", "strength": 0.5}]),
     )
+    # Logprobs in fields a producer adds (top_logprobs, OpenAI's logprobs.content): they reached the DLQ.
+    c.add(
+        "top_logprobs and OpenAI logprobs, response missing",
+        "missing_field",
+        c.event(
+            response=DROP,
+            top_logprobs=[[{"token": "a", "logprob": v} for v in lp()]],
+            logprobs={"content": [{"token": "a", "logprob": v, "top_logprobs": []} for v in lp()]},
+        ),
+    )
+    c.add(
+        "truncated inside top_logprobs",
+        "invalid_json",
+        b'{"event_type": "LLM_RESPONSE", "top_logprobs": [{"logprob": ' + repr(lp(1)[0]).encode() + b", NaN",
+    )
     # Wrong JSON types (strict: no coercion).
     c.add("response is a number", "wrong_type", c.event(response=42))
     c.add("event_id is a number", "wrong_type", c.event("tool", event_id=7))

@@ -145,6 +145,12 @@ def test_error_message_never_contains_input_values() -> None:
         b'{"event_type":"LLM_RESPONSE","'
         + "".join(f"\\u{ord(c):04x}" for c in "token_logprobs").encode()
         + b'":[-0.0123456789,-Infinity]}',
+        # Logprobs under other names a producer adds (found by review): top_logprobs, OpenAI's shape.
+        orjson.dumps({**BASE, "top_logprobs": [{"t": "a", "logprob": -0.0123456789}]}),
+        orjson.dumps({**BASE, "logprobs": {"content": [{"token": "a", "LogProb": -0.0123456789}]}}),
+        b'{"event_type":"LLM_RESPONSE","top_logprobs":[{"logprob":-0.0123456789},NaN],"x":1}',
+        b'{"event_type":"LLM_RESPONSE","top_logprobs":[{"logprob":-0.0123456789',
+        b'{"event_type":"LLM_RESPONSE","x":"the logprobs: -0.0123456789',  # a mention cuts the rest
     ],
 )
 def test_strip_logprobs_removes_every_value(raw: bytes) -> None:
@@ -156,6 +162,10 @@ def test_strip_keeps_other_fields_and_caps_size() -> None:
     stored = orjson.loads(strip_logprobs(orjson.dumps({**BASE, "token_logprobs": [-0.5]}), 10_000))
     assert stored["token_logprobs"] == "<removed>"
     assert stored["request_id"] == "r"
+    # The text path keeps a removed key's name and the rest of the record.
+    text = strip_logprobs(b'{"top_logprobs" : [-0.5, NaN], "request_id": "r"', 10_000)
+    assert text == b'{"top_logprobs" : "<removed>", "request_id": "r"'
+
     assert len(strip_logprobs(b"x" * 500, 100)) == 100
 
 
