@@ -11,6 +11,7 @@ Choices where the contract is silent:
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -83,7 +84,9 @@ STOPWORDS = frozenset(
         "may",
     ]
 )
-_WORD = re.compile(r"[a-z0-9_']+")
+# Words of any script, with inner apostrophes ("doesn't") and hyphens ("no-op" is one word, not "no").
+# Apostrophes at either end are quotes ('fsync', ‘fsync’), not part of the word.
+_WORD = re.compile(r"[\w'-]+")
 # Typographic apostrophes (right single quotation mark, modifier letter apostrophe) read as ASCII, so
 # "doesn’t" is the negation "doesn't" and not the words "doesn" and "t".
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'"})
@@ -165,7 +168,15 @@ def source_confidence(sub: SubResult, cfg: SynthesisConfig) -> float:
 
 
 def _words(statement: str) -> tuple[frozenset[str], bool]:
-    tokens = _WORD.findall(statement.lower().translate(_APOSTROPHES))
+    text = unicodedata.normalize("NFC", statement).translate(_APOSTROPHES)
+    tokens = []
+    for i, raw in enumerate(_WORD.findall(text)):
+        word = raw.strip("'-")
+        if not word:
+            continue
+        if word == "None" and i > 0:  # Python's null value mid-sentence ("returns None"), not "none"
+            word = "none_value"
+        tokens.append(word.lower())
     negated = any(t in NEGATIONS or t.endswith("n't") for t in tokens)
     content = frozenset(
         t for t in tokens if t not in NEGATIONS and t not in STOPWORDS and not t.endswith("n't")
@@ -217,7 +228,13 @@ def synthesize(
         if included:
             weighted_sum += confidence * length
             total_length += length
-    overall = weighted_sum / total_length if total_length else 0.0
+    included_scores = [s.confidence for s in sources if s.included]
+    if total_length:
+        overall = weighted_sum / total_length
+    elif included_scores:  # every included source is empty: weights all 0, as Weighted() falls back
+        overall = sum(included_scores) / len(included_scores)
+    else:
+        overall = 0.0
     conflicts = _conflicts(claims, cfg)
     excluded = sum(1 for s in sources if not s.included)
     warnings = []

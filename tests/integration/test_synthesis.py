@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 
 from streams.harness import RunningBroker
@@ -35,6 +37,10 @@ WEAK_TEXT = "Maybe. Not sure."
 # overall = (0.923184210526 * 89) / 89 = 0.923184210526 (only sub-a is included) -> level high (>= 0.9)
 SUB_A = 0.877025 / 0.95
 SUB_B = 0.4534 / 0.95
+# syn-2's one sub call answers "" (0 code points): length 0.3, hedging 1.0, certainty 1.0, structure 0.5,
+# no logprobs: (0.3*0.15 + 0.2 + 0.15 + 0.5*0.15) / 0.65 = 0.47 / 0.65 = 0.723076923...; as the only
+# included source, and weighing 0 by length, the overall is its plain mean: the same, level medium.
+EMPTY = 0.47 / 0.65
 # The negation detector's severity is the project's documented choice (streams/scoring/synthesis.py).
 HEURISTIC_SEVERITY = 0.6
 
@@ -63,6 +69,20 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         f.response(trace, role="sub_call", sub_call_id="sub-b", response=WEAK_TEXT, token_logprobs=[-3.0]),
         f.response(trace, role="synthesis", response="Combined."),
     ]
+    # syn-2: wordings the negation heuristic misread (review): a quoted word, Python's None, "no-op"
+    # (no conflict), NFC against NFD; and an empty answer, whose weight by length is 0.
+    syn2 = [
+        f.claim("syn-2", "q1", statement="\u2018fsync\u2019 is called"),
+        f.claim("syn-2", "q2", statement="fsync is never called"),
+        f.claim("syn-2", "n1", statement="The function returns None on error"),
+        f.claim("syn-2", "n2", statement="The function never returns None"),
+        f.claim("syn-2", "o1", statement="The flush call is a no-op when idle"),
+        f.claim("syn-2", "o2", statement="The flush call returns at once when idle"),
+        f.claim("syn-2", "z1", statement=unicodedata.normalize("NFC", "Zo\u00eb is the owner")),
+        f.claim("syn-2", "z2", statement=unicodedata.normalize("NFD", "Zo\u00eb is not the owner")),
+        f.response("syn-2", role="sub_call", sub_call_id="sub-e", response=""),
+        f.response("syn-2", role="synthesis", response="Combined."),
+    ]
     # The trace view of the same trace: its sub calls and claims, and no tool evidence at all
     # (score 0.0: band failed, recovery and stop both recommended).
     expected_view = {
@@ -84,10 +104,11 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         "claims": ["k1", "k2", "k3", "k4", "k5", "k6"],
     }
     try:
-        d.produce(events)
+        d.produce(events + syn2)
         synth_id = events[-1]["event_id"]
-        scored = count_of("SYNTHESIS_SCORED", 1, d.settings.scored_topic, {synth_id})
-        copied = count_of("SYNTHESIS_SCORED", 1, d.settings.flagged_topic, {synth_id})  # its own topic
+        scored = count_of("SYNTHESIS_SCORED", 2, d.settings.scored_topic, {synth_id, syn2[-1]["event_id"]})
+        # Both have warnings: each is copied to flagged-events, its own topic.
+        copied = count_of("SYNTHESIS_SCORED", 2, d.settings.flagged_topic, {synth_id, syn2[-1]["event_id"]})
         records = d.collect(lambda rs: scored(rs) and copied(rs))
         status, view = settled(
             lambda: get_json(d.web_ports[0], f"/traces/synth/{trace}"), (200, expected_view)
@@ -95,7 +116,8 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         assert status == 200, view
     finally:
         d.stop()
-    out = next(o for o in d.outputs(records) if o["event_type"] == "SYNTHESIS_SCORED")
+    syntheses = {o["trace_id"]: o for o in d.outputs(records) if o["event_type"] == "SYNTHESIS_SCORED"}
+    out = syntheses[trace]
     assert sorted(out["sources"], key=lambda s: s["sub_call_id"]) == [
         {"sub_call_id": "sub-a", "confidence": pytest.approx(SUB_A, abs=1e-12), "included": True,
          "content_length": 89},
@@ -123,5 +145,19 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     flagged = [
         o for o in d.outputs(records, d.settings.flagged_topic) if o["event_type"] == "SYNTHESIS_SCORED"
     ]
-    assert [o["event_id"] for o in flagged] == [out["event_id"]]
+    assert sorted(o["event_id"] for o in flagged) == sorted([out["event_id"], syntheses["syn-2"]["event_id"]])
     assert view == expected_view
+
+    out2 = syntheses["syn-2"]
+    assert out2["sources"] == [
+        {"sub_call_id": "sub-e", "confidence": pytest.approx(EMPTY, abs=1e-12), "included": True,
+         "content_length": 0},
+    ]  # fmt: skip
+    assert out2["overall_confidence"] == pytest.approx(EMPTY, abs=1e-12)  # was 0.0
+    assert out2["level"] == "medium"
+    assert sorted((c["claim_a"], c["claim_b"], c["detected_by"]) for c in out2["conflicts"]) == [
+        ("n1", "n2", "heuristic"),
+        ("q1", "q2", "heuristic"),
+        ("z1", "z2", "heuristic"),
+    ]
+    assert out2["warnings"] == ["3 conflicts detected between sources. Review carefully."]

@@ -121,6 +121,7 @@ def test_scoring_imports_no_kafka_faust_or_network() -> None:
         "functools",
         "itertools",
         "re",
+        "unicodedata",
         "pydantic",
         "streams",
         "enum",

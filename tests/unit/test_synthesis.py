@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.scoring.heuristic import Component
+from streams.scoring.heuristic import Component, score_heuristic
 from streams.scoring.synthesis import SubResult, SynthesisConfig, TraceClaim, source_confidence, synthesize
 
 CFG = SynthesisConfig()
@@ -92,6 +94,8 @@ def test_a_typographic_apostrophe_negates_as_the_ascii_one(apostrophe: str) -> N
         ("The cache is warm", "The build never fails"),
         ("It returns nil", "It returns nil on error"),
         ("No tests exist", "No tests exist"),
+        # "no-op" is one word, not the negation "no" and "op" (review).
+        ("The flush call is a no-op when idle", "The flush call returns at once when idle"),
     ],
 )
 def test_unrelated_or_agreeing_statements_do_not_conflict(a: str, b: str) -> None:
@@ -149,3 +153,54 @@ def test_an_explicit_contradiction_wins_a_tie_with_the_negation_heuristic(explic
     assert [(c.claim_a, c.claim_b, c.severity, c.detected_by) for c in conflicts] == [
         ("1", "2", CFG.heuristic_conflict_severity, "explicit")
     ]
+
+
+def _conflicting_pairs(a: str, b: str) -> list[tuple[str, str, str]]:
+    claims = [TraceClaim(claim_id="1", statement=a), TraceClaim(claim_id="2", statement=b)]
+    return [(c.claim_a, c.claim_b, c.detected_by) for c in synthesize([], claims, CFG).conflicts]
+
+
+@pytest.mark.parametrize(
+    "quoted",
+    ["\u201cfsync\u201d is called", "\u2018fsync\u2019 is called", "'fsync' is called", "fsync is called"],
+)
+def test_quoting_a_word_does_not_hide_a_negation(quoted: str) -> None:
+    """Since U+2019 reads as an apostrophe, a closing single quote stuck to the word ("fsync'"): the
+    statements shared one content word instead of two, and no conflict was found (review)."""
+    assert _conflicting_pairs(quoted, "fsync is never called") == [("1", "2", "heuristic")]
+
+
+def test_the_seed_example_with_python_none() -> None:
+    """DESIGN 4's "returns nil on error" vs "never returns nil", with Python's None: "None" mid-sentence
+    is the value, not the negation "none", which made both sides negated (review)."""
+    pair = _conflicting_pairs("The function returns None on error", "The function never returns None")
+    assert pair == [("1", "2", "heuristic")]
+    assert _conflicting_pairs("None of the tests pass", "All of the tests pass") == [("1", "2", "heuristic")]
+
+
+def test_canonically_equivalent_text_reads_alike() -> None:
+    """Words of any script, NFC or NFD: "Zoë" was "zo" in NFC and "zoe" in NFD (ASCII-only words)."""
+    nfc = unicodedata.normalize("NFC", "Zo\u00eb is the owner")
+    nfd = unicodedata.normalize("NFD", "Zo\u00eb is not the owner")
+    assert _conflicting_pairs(nfc, nfd) == [("1", "2", "heuristic")]
+    assert (
+        _conflicting_pairs("Die Prüfung läuft grün", "Die Prüfung läuft nicht grün") == []
+    )  # English negations only
+
+
+def test_included_sources_without_content_are_averaged_not_zero() -> None:
+    """Weighted by content length, an empty answer weighs 0: one included empty source gave overall 0.0,
+    level very_low and a low-confidence warning beside that source listed at 0.72. With every weight 0
+    the plain mean is used, as seed 000's Weighted() falls back to the plain score (review)."""
+    empty = SubResult(
+        sub_call_id="a",
+        content="",
+        heuristic_components=score_heuristic("").components,
+        logprob_confidence=None,
+    )
+    result = synthesize([empty], [], CFG)
+    assert result.sources[0].included and result.sources[0].confidence > 0.7
+    assert result.overall == pytest.approx(result.sources[0].confidence, abs=1e-12)
+    assert result.level == "medium" and result.warnings == ()
+    # Once any included source has text, empty ones weigh nothing, as before.
+    assert synthesize([sub("e", 0.9, content=""), sub("f", 0.6, content="xx")], [], CFG).overall == 0.6
