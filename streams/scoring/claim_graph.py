@@ -233,22 +233,32 @@ class _Budget:
             raise GraphTooComplex(f"derived_from is nested deeper than {MAX_DERIVED_DEPTH} claims")
 
 
+class _Cause(NamedTuple):
+    """What one input changed: claim X, and the claims whose incoming edges X's old or new version holds."""
+
+    claim_id: str
+    edge_targets: frozenset[str]
+
+
 def _interval(
     graph: _Graph,
     claim_id: str,
     as_of: datetime,
     cfg: ClaimsConfig,
-    memo: dict[str, ClaimInterval],
+    memo: dict[str, tuple[ClaimInterval, bool]],
     budget: _Budget,
+    cause: _Cause | None = None,
     stack: tuple[str, ...] = (),
-) -> tuple[ClaimInterval, bool]:
-    """The claim's interval, and whether a derived_from cycle was cut on the way.
+) -> tuple[ClaimInterval, bool, bool]:
+    """The claim's interval, whether a derived_from cycle was cut on the way, and whether the
+    computation read what `cause` changed (X's definition or facts, or an edge X holds).
 
     A constituent already being computed (a cycle) is skipped like an unknown one, so a result that
     cut a cycle depends on where the computation started and is not memoised; the rest is.
     """
     if claim_id in memo:
-        return memo[claim_id], False
+        interval, reads_cause = memo[claim_id]
+        return interval, False, reads_cause
     budget.take(len(stack))
     node = graph.get(claim_id)
     assert node is not None and node.definition is not None
@@ -256,12 +266,16 @@ def _interval(
     own = aggregate(definition.provenance, cfg)
     known = [c for c in sorted(_constituents(definition)) if graph.definition(c) is not None]
     cut = any(c in stack for c in known)
+    reads_cause = cause is not None and claim_id == cause.claim_id
     constituents = []
     for c in known:
         if c not in stack:
-            interval, cut_below = _interval(graph, c, as_of, cfg, memo, budget, (*stack, claim_id))
+            interval, cut_below, reads_below = _interval(
+                graph, c, as_of, cfg, memo, budget, cause, (*stack, claim_id)
+            )
             constituents.append(interval)
             cut = cut or cut_below
+            reads_cause = reads_cause or reads_below
     if constituents:
         result = derived_interval([(i.lower, i.upper) for i in constituents], definition.assessed_upper, own)
     else:
@@ -291,6 +305,9 @@ def _interval(
             for peer, strength in sorted(strongest.items())
             if (upper := upper_of(peer)) is not None
         ]
+        if cause is not None:  # the normal formula reads its edges and its peers' facts
+            peers = {peer for peer, _ in supports} | strongest.keys()
+            reads_cause = reads_cause or claim_id in cause.edge_targets or cause.claim_id in peers
         staleness = staleness_factor(definition.staleness_at, as_of, definition.tier, cfg)
         result = effective_interval(
             own[0],
@@ -303,8 +320,8 @@ def _interval(
             cfg,
         )
     if not cut:
-        memo[claim_id] = result
-    return result, cut
+        memo[claim_id] = (result, reads_cause)
+    return result, cut, reads_cause
 
 
 def interval_of(
@@ -366,7 +383,8 @@ def _fresh(node: ClaimNode | None, when: datetime) -> bool:
 
 
 def _affected(graph: _Graph, old: ClaimDefinition | None, new: ClaimDefinition) -> list[str]:
-    """X, every claim whose score uses X (old or new version), and the derived closure of them all."""
+    """X, every claim whose score may use X (old or new version), and the derived closure of them all:
+    the candidates, of which only those whose computation reads X are emitted (`apply_claim`)."""
     me = new.claim_id
     node = graph.get(me)
     assert node is not None
@@ -471,13 +489,18 @@ def apply_claim(
     graph.put(me, _touch(current, touched).model_copy(update={"definition": new}))
     _reindex(graph, old, new, touched)
 
-    memo: dict[str, ClaimInterval] = {}
+    memo: dict[str, tuple[ClaimInterval, bool]] = {}
     budget = _Budget()
+    cause = _Cause(me, frozenset(_edges_by_target(old).keys() | _edges_by_target(new).keys()))
     scores = []
     for claim_id in _affected(graph, old, new):
         definition = graph.definition(claim_id)
         assert definition is not None
-        interval, _ = _interval(graph, claim_id, when, cfg, memo, budget)
+        interval, _, reads_cause = _interval(graph, claim_id, when, cfg, memo, budget, cause)
+        if not reads_cause:
+            # A candidate that does not read X: a derived claim X points at (the derived rule reads
+            # no edges), or one derived from it. Its score did not change; DESIGN 4b emits nothing.
+            continue
         scores.append(
             ClaimScore(
                 claim_id=claim_id,

@@ -207,6 +207,21 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     assert d["factors"]["derived"] is True
     assert (round(d["lower"], 4), round(d["upper"], 4)) == (0.448, 0.9)
 
+    # A support for the derived claim: the derived rule reads no edges, so only the backer is emitted
+    # (the derived claim came again, unchanged, before the twenty-eighth round). Then a later claim of
+    # the tenant, processed after it by the same owner, marks the end of the backer's outputs.
+    backer = f.claim(
+        "cl-trace-f",
+        "backer",
+        minutes=3,
+        relationships=[{"type": "supports", "target": "derived", "strength": 0.9}],
+    )
+    after = f.claim("cl-trace-g", "after", minutes=4)
+    deployment.produce([backer, after])
+    records = deployment.collect(count_of("CLAIM_SCORED", 1, s.scored_topic, {after["event_id"]}))
+    from_backer = [o for o in deployment.outputs(records) if o.get("source_event_id") == backer["event_id"]]
+    assert [o["claim_id"] for o in from_backer] == ["backer"]
+
     status, view = _get(deployment, "/claims/claims-tenant/three-types?min_lower=0.6")
     assert status == 200 and view["matches"] is True
     assert round(view["interval"]["lower"], 4) == 0.7

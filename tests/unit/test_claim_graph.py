@@ -169,6 +169,20 @@ def test_derived_claim_follows_its_constituent_transitively() -> None:
     assert bounds(by_id["d"]) == bounds(by_id["c"]) == bounds(by_id["e"]) == CONTRADICTED
 
 
+@pytest.mark.parametrize("kind", ["supports", "contradicts"])
+def test_an_edge_to_a_derived_claim_re_scores_nothing_but_its_source(kind: str) -> None:
+    """The derived rule replaces steps 1-4 (DESIGN 4b): it reads no edges, so x's edge to d changes
+    neither d nor e derived from d. Both were emitted again, unchanged, with cause x (review)."""
+    g = Graph()
+    g.arrive(define("c"))
+    g.arrive(define("d", derived_from=("c",)))
+    g.arrive(define("e", derived_from=("d",)))
+    assert [s.claim_id for s in g.arrive(define("x", (kind, "d", 0.9)), minutes=1)] == ["x"]
+    # A claim d derives from is no derived claim: x's edge to c re-scores c, d and e.
+    scores = g.arrive(define("y", (kind, "c", 0.9)), minutes=2)
+    assert [s.claim_id for s in scores] == ["y", "c", "d", "e"]
+
+
 def test_self_relationships_and_self_derivation_are_ignored() -> None:
     [score] = Graph().arrive(
         define("a", ("contradicts", "a", 0.9), ("supports", "a", 0.9), derived_from=("a",))
