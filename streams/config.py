@@ -289,6 +289,19 @@ class Settings(BaseSettings):
     # --- Metrics ----------------------------------------------------------------------------------
     metrics_label_cap: int = Field(100, ge=1, description="Distinct label values before `other`.")
 
+    @field_validator(
+        "staleness_half_life_ephemeral_hours",
+        "staleness_half_life_task_hours",
+        "staleness_half_life_project_hours",
+        "staleness_half_life_persistent_hours",
+    )
+    @classmethod
+    def _half_life_of_a_microsecond_or_more(cls, value: float) -> float:
+        # Used as a timedelta, which keeps microseconds: a shorter one became 0 and stage 3 divided by it.
+        if timedelta(hours=value) <= timedelta(0):
+            raise ValueError("a staleness half-life must be at least one microsecond")
+        return value
+
     @field_validator("input_topics")
     @classmethod
     def _non_empty_topics(cls, value: str) -> str:

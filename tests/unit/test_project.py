@@ -49,6 +49,7 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("EVIDENCE_TOOL_CATEGORIES", "find=serch"),  # a typo scored the tool 0, silently
         ("CALIBRATION_WINDOW_HOURS", "0.5"),  # hourly buckets: under 1 counted nothing
         ("HISTORY_RETENTION_HOURS", "12"),  # under the 24 h window: it would silently shorten it
+        ("STALENESS_HALF_LIFE_TASK_HOURS", "1e-10"),  # a zero timedelta: stage 3 divided by it (review)
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
