@@ -39,6 +39,7 @@ _REASON_BY_ERROR_TYPE: dict[str, Reason] = {
     "string_too_long": "oversized_field",
     "timezone_aware": "invalid_value",
     "outcome_invalid": "invalid_value",
+    "claim_id_reserved": "invalid_value",
     "timestamp_out_of_range": "out_of_range",
 }
 

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from streams.scoring.calibration import ReliabilityBin
+from streams.scoring.claim_graph import SELF
 from streams.scoring.claims import ClaimInterval
 from streams.scoring.composite import CompositeResult
 from streams.scoring.evidence import EvidenceResult
@@ -208,7 +209,9 @@ class ClaimEvent(_Input):
     """A factual claim (seed 002)."""
 
     event_type: Literal["CLAIM"]
-    claim_id: Id
+    # "self" is the `cause` of a claim's own CLAIM_SCORED: as a claim id, the re-scores it causes
+    # would read as their claims' own inputs.
+    claim_id: Annotated[Id, Field(json_schema_extra={"not": {"const": SELF}})]
     statement: str
     source_id: str | None = None
     provenance: list[ProvenanceEntry] = Field(default_factory=list)
@@ -218,6 +221,13 @@ class ClaimEvent(_Input):
     derived_from: list[Id] = Field(default_factory=list)
     assessed_upper: UnitFloat | None = None
     instance_trust: UnitFloat = 1.0
+
+    @field_validator("claim_id")
+    @classmethod
+    def _not_the_cause_of_its_own_score(cls, value: str) -> str:
+        if value == SELF:
+            raise PydanticCustomError("claim_id_reserved", f"claim_id {SELF!r} is reserved for `cause`")
+        return value
 
 
 SubjectType = Literal["response", "trace", "claim"]

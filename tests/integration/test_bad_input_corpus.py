@@ -169,6 +169,8 @@ def build_corpus(f: EventFactory) -> list[Bad]:
         "invalid_json",
         b'{"event_type": "LLM_RESPONSE", "top_logprobs": [{"logprob": ' + repr(lp(1)[0]).encode() + b", NaN",
     )
+    # "self" is the cause of a claim's own score: a claim of that name would blur it.
+    c.add("claim named self", "invalid_value", c.event("claim", claim_id="self"))
     # Wrong JSON types (strict: no coercion).
     c.add("response is a number", "wrong_type", c.event(response=42))
     c.add("event_id is a number", "wrong_type", c.event("tool", event_id=7))

@@ -69,6 +69,18 @@ def test_the_words_nan_and_infinity_in_text_are_no_literals() -> None:
     assert isinstance(_decode(raw), LlmResponse)
 
 
+def test_a_claim_named_self_is_refused() -> None:
+    """`cause: "self"` marks a claim's own CLAIM_SCORED: a claim named "self" made the re-scores it
+    caused read as their claims' own inputs (review). Other fields may say "self"."""
+    claim = {**BASE, "event_type": "CLAIM", "claim_id": "self", "statement": "s", "tier": "task"}
+    letter = _decode(orjson.dumps(claim))
+    assert isinstance(letter, DeadLetter) and letter.reason == "invalid_value", letter
+    assert letter.message == "CLAIM.claim_id: claim_id 'self' is reserved for `cause`"
+    assert isinstance(
+        _decode(orjson.dumps({**claim, "claim_id": "Self", "derived_from": ["self"]})), ClaimEvent
+    )
+
+
 def test_unknown_extra_fields_are_dropped() -> None:
     event = _decode(orjson.dumps({**BASE, "secret_extra": "x"}))
     assert isinstance(event, LlmResponse)
