@@ -159,7 +159,11 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
     category = cfg.tool_categories.get(inv.tool.lower())
     target = inv.target.lower()
     tool = inv.tool.lower()
-    if inv.status == "ok" and category is not None:
+    outcome_given = any(
+        v is not None for v in (inv.factors_found, inv.build_passed, inv.tests_passed, inv.complete)
+    )
+    no_results = inv.result_count == 0 and not outcome_given  # DESIGN 4b: as `empty`
+    if inv.status == "ok" and category is not None and not no_results:
         if category == "search" and _has_results(inv):
             hits = state.search_hits.get(tool, ())
             if target not in hits:
@@ -179,6 +183,11 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             passed = inv.tests_passed if is_test else inv.build_passed
             passed = True if passed is None else passed
             changes["tests_latest" if is_test else "build_latest"] = passed
+            if not passed and state.verification_targets:
+                # DESIGN 4b: a pass followed by a failure no longer converges.
+                changes["verification_targets"] = ()
+                updated = state.model_copy(update=changes)
+                return updated.model_copy(update={"matched": _all_matches(updated)})
             if passed:
                 added_to = _join(
                     changes, "verification_targets", state.verification_targets, target, "verification"
@@ -316,6 +325,8 @@ def _convergence(
     best = Convergence(categories=(), count=0, bonus=0.0, target=None)
     for name in CATEGORY_ORDER:
         for anchor in positive[name]:
+            if not anchor.strip():  # no target: no convergence data (seed 001)
+                continue
             lists = {list_name.partition(":")[0] for list_name in matched[anchor]}  # "search:find" -> search
             agreeing = [
                 c for c in CATEGORY_ORDER if c in lists and (c != "verification" or verification_positive)

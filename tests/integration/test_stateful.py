@@ -69,6 +69,24 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
             f.tool("ev-empty-read", "find", "MemoryManager", result_count=2),
             f.tool("ev-empty-read", "read", "src/MemoryManager.h", result_count=0),
         ],
+        # Twenty-eighth round: the same for a test run without an outcome; a pass followed by a failure
+        # converges no more after a later pass elsewhere; an empty target converges with nothing.
+        "ev-empty-ctest": [
+            f.tool("ev-empty-ctest", "find", "MemoryManager", result_count=2),
+            f.tool("ev-empty-ctest", "ctest", "MemoryManager", result_count=0),
+        ],
+        "ev-pass-fail": [
+            f.tool("ev-pass-fail", "find", "foo", result_count=2),
+            f.tool("ev-pass-fail", "read", "src/foo.py"),
+            f.tool("ev-pass-fail", "ctest", "foo", tests_passed=True),
+            f.tool("ev-pass-fail", "ctest", "foo", tests_passed=False),
+            f.tool("ev-pass-fail", "ctest", "bar", tests_passed=True),
+        ],
+        "ev-no-target": [
+            f.tool("ev-no-target", "git", "", result_count=3),
+            f.tool("ev-no-target", "discovery", "", factors_found=1),
+            f.tool("ev-no-target", "gh", "", complete=True),
+        ],
     }
     events = [e for trace in cases.values() for e in trace]
     deployment.produce(events)
@@ -89,6 +107,10 @@ def test_evidence_reproduces_seed_001_cases(deployment: Deployment) -> None:
     assert last["ev-empty-read"]["categories"] == {"search": 0.65}
     assert round(last["ev-empty-read"]["score"], 3) == 0.650
     assert last["ev-empty-read"]["convergence"]["bonus"] == 0.0
+    assert last["ev-empty-ctest"]["categories"] == {"search": 0.65}
+    assert last["ev-pass-fail"]["convergence"]["categories"] == ["read", "search"]
+    assert last["ev-pass-fail"]["convergence"]["bonus"] == pytest.approx(0.15, abs=1e-12)
+    assert last["ev-no-target"]["convergence"] == {"categories": [], "count": 0, "bonus": 0.0, "target": None}
     first = _latest(outputs, "TRACE_SCORED", source_event_id=cases["ev-same"][0]["event_id"])
     assert round(first["score"], 3) == 0.650 and first["band"] == "adequate"
 

@@ -146,6 +146,55 @@ def test_a_read_with_no_results_is_no_read() -> None:
     assert round(with_count.score, 3) == 0.772  # a count above 0 is a read, as one without a count
 
 
+@pytest.mark.parametrize("tool", ["discovery", "cmake", "ctest"])
+def test_ok_with_no_results_and_no_outcome_is_empty_for_every_tool(tool: str) -> None:
+    """DESIGN 4b: `ok` with `result_count: 0` means no results, as `empty` does. Without an outcome
+    field it still added discovery 0.20, a passed build 0.80 or passed tests 0.93 (review); with one,
+    the outcome counts."""
+    empty = run(("find", "foo"), (tool, "foo", {"status": "empty"}))
+    zero = run(("find", "foo"), (tool, "foo", {"result_count": 0}))
+    assert zero.categories == empty.categories == {"search": 0.65}
+    assert zero.score == pytest.approx(empty.score)
+    outcome = {
+        "discovery": {"factors_found": 2},
+        "cmake": {"build_passed": True},
+        "ctest": {"tests_passed": True},
+    }
+    assert len(run(("find", "foo"), (tool, "foo", {"result_count": 0, **outcome[tool]})).categories) == 2
+
+
+def test_a_pass_followed_by_a_failure_no_longer_converges_after_a_later_pass() -> None:
+    """DESIGN 4b: "a pass followed by a failure no longer converges". A later pass on bar made the
+    latest outcome a pass again and foo's superseded pass converged again (0.25, not 0.15; review)."""
+    result = run(
+        ("find", "foo"),
+        ("read", "src/foo.py"),
+        ("ctest", "foo", {"tests_passed": True}),
+        ("ctest", "foo", {"tests_passed": False}),
+        ("ctest", "bar", {"tests_passed": True}),
+    )
+    assert result.convergence.categories == ("read", "search")
+    assert result.convergence.bonus == pytest.approx(0.15)
+    again = run(
+        ("find", "foo"), ("ctest", "foo", {"tests_passed": False}), ("ctest", "foo", {"tests_passed": True})
+    )
+    assert again.convergence.categories == ("search", "verification")  # a pass after the failure counts
+
+
+def test_an_empty_target_converges_with_nothing() -> None:
+    """An empty target names nothing to agree on (seed 001: no convergence data). git, discovery and gh
+    with target "" got the three-category +0.20 (review)."""
+    result = run(("git", ""), ("discovery", "", {"factors_found": 1}), ("gh", "", {"complete": True}))
+    assert (result.convergence.bonus, result.convergence.target) == (0.0, None)
+
+
+def test_equal_anchors_tie_by_category_then_first_search_tool_then_arrival() -> None:
+    """The reported anchor when two give the same bonus (DECISIONS "Evidence outcomes"): within search,
+    the tool that found results first, then arrival within that tool's hits."""
+    result = run(("find", "aaa"), ("grep", "bbb"), ("find", "ccc"), ("git", "bbb"), ("git", "ccc"))
+    assert (result.convergence.bonus, result.convergence.target) == (pytest.approx(0.10), "ccc")
+
+
 def test_the_bonus_is_one_anchors_and_search_read_elsewhere_adds_nothing() -> None:
     """Three categories agree on "bar" (0.20); search and read agree on "foo" (0.10 + 0.05). The bonus is
     the best single anchor's, 0.20, not 0.25 (docs/DECISIONS.md, "Evidence outcomes")."""
