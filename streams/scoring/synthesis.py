@@ -169,12 +169,12 @@ def source_confidence(sub: SubResult, cfg: SynthesisConfig) -> float:
 
 def _words(statement: str) -> tuple[frozenset[str], bool]:
     text = unicodedata.normalize("NFC", statement).translate(_APOSTROPHES)
-    tokens = []
-    for i, raw in enumerate(_WORD.findall(text)):
+    tokens: list[str] = []
+    for raw in _WORD.findall(text):
         word = raw.strip("'-")
         if not word:
             continue
-        if word == "None" and i > 0:  # Python's null value mid-sentence ("returns None"), not "none"
+        if word == "None" and tokens:  # Python's null value after the first word ("returns None"), not "none"
             word = "none_value"
         tokens.append(word.lower())
     negated = any(t in NEGATIONS or t.endswith("n't") for t in tokens)

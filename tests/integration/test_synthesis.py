@@ -80,6 +80,8 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         f.claim("syn-2", "o2", statement="The flush call returns at once when idle"),
         f.claim("syn-2", "z1", statement=unicodedata.normalize("NFC", "Zo\u00eb is the owner")),
         f.claim("syn-2", "z2", statement=unicodedata.normalize("NFD", "Zo\u00eb is not the owner")),
+        f.claim("syn-2", "b1", statement="- None of the tests pass"),  # a bullet, then the negation
+        f.claim("syn-2", "b2", statement="- All of the tests pass"),
         f.response("syn-2", role="sub_call", sub_call_id="sub-e", response=""),
         f.response("syn-2", role="synthesis", response="Combined."),
     ]
@@ -156,8 +158,9 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
     assert out2["overall_confidence"] == pytest.approx(EMPTY, abs=1e-12)  # was 0.0
     assert out2["level"] == "medium"
     assert sorted((c["claim_a"], c["claim_b"], c["detected_by"]) for c in out2["conflicts"]) == [
+        ("b1", "b2", "heuristic"),
         ("n1", "n2", "heuristic"),
         ("q1", "q2", "heuristic"),
         ("z1", "z2", "heuristic"),
     ]
-    assert out2["warnings"] == ["3 conflicts detected between sources. Review carefully."]
+    assert out2["warnings"] == ["4 conflicts detected between sources. Review carefully."]

@@ -202,3 +202,38 @@ def test_connect_headers() -> None:
         "__connect.errors.exception.message": b"bad",
         "__connect.errors.reason": b"invalid_json",
     }
+
+
+# --- From a mutation review of the twenty-eighth round: decode and DLQ -------------------------------
+
+
+def test_a_non_finite_literal_in_top_logprobs_is_bad_input() -> None:
+    """Only token_logprobs' entries may be NaN / Infinity (DESIGN 4b), not another logprobs field's."""
+    letter = _decode(orjson.dumps(BASE)[:-1] + b',"top_logprobs":[-0.5,NaN]}')
+    assert isinstance(letter, DeadLetter) and letter.reason == "non_finite_number", letter
+    assert letter.message.startswith("top_logprobs.1: ")
+
+
+def test_the_path_of_a_non_finite_literal_is_capped() -> None:
+    key = "k" * 300
+    letter = _decode(orjson.dumps(BASE)[:-1] + b',"' + key.encode() + b'":NaN}')
+    assert isinstance(letter, DeadLetter) and letter.reason == "non_finite_number", letter
+    assert letter.message.split(": ", 1)[0] == key[:120]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Key names in any case: on the JSON path ...
+        orjson.dumps({**BASE, "TopLogProbs": [-0.0123456789]}),
+        # ... and on the textual path (NaN: orjson refuses it), plain and with every letter escaped.
+        b'{"event_type":"LLM_RESPONSE","TopLogProbs":[-0.0123456789,NaN],"x":1}',
+        b'{"event_type":"LLM_RESPONSE","'
+        + "".join(f"\\u{ord(c):04x}" for c in "top_logprobs").encode()
+        + b'":[-0.0123456789,NaN],"x":1}',
+    ],
+)
+def test_strip_logprobs_removes_every_value_under_any_logprobs_name(raw: bytes) -> None:
+    stored = strip_logprobs(raw, 10_000)
+    assert b"0123456789" not in stored
+    assert b"<removed>" in stored

@@ -448,3 +448,20 @@ def test_the_gates_compare_the_score_rounded_to_nine_decimals() -> None:
     assert result.score < 0.40 and round(result.score, 9) == 0.40
     at_bound = run(*calls, cfg=EvidenceConfig(recovery_threshold=0.40, stop_threshold=0.40))
     assert not at_bound.recovery_recommended and not at_bound.should_stop
+
+
+# --- From a mutation review of the twenty-eighth round: evidence --------------------------------------
+
+
+def test_ok_with_no_results_and_a_complete_gh_run_counts_as_ci() -> None:
+    """`complete` is an outcome too: gh `ok` with `result_count: 0` and `complete: true` is a complete
+    CI run (dropping `complete` from the outcome fields made it no result)."""
+    result = run(("find", "foo"), ("gh", "foo", {"result_count": 0, "complete": True}))
+    assert result.categories == {"search": 0.65, "ci": 0.80}
+    assert result.convergence.categories == ("ci", "search")
+
+
+def test_a_blank_target_converges_with_nothing() -> None:
+    """A target of spaces names nothing either (`anchor.strip()`, not only the empty string)."""
+    result = run(("git", " "), ("discovery", " ", {"factors_found": 1}), ("gh", " ", {"complete": True}))
+    assert (result.convergence.bonus, result.convergence.target) == (0.0, None)

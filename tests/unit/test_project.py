@@ -299,3 +299,10 @@ def test_an_input_topic_the_worker_writes_is_refused(inputs: str, capsys: pytest
         "agent-events",
         "more-agent-events",
     )
+
+
+@pytest.mark.parametrize("tier", ["ephemeral", "task", "project", "persistent"])
+def test_every_staleness_half_life_is_at_least_a_microsecond(tier: str) -> None:
+    """Mutation review: the validator covers the four tiers, not only the one test_invalid_settings uses."""
+    with pytest.raises(ValueError, match="at least one microsecond"):
+        load_settings(**{f"staleness_half_life_{tier}_hours": 1e-10})

@@ -204,3 +204,39 @@ def test_included_sources_without_content_are_averaged_not_zero() -> None:
     assert result.level == "medium" and result.warnings == ()
     # Once any included source has text, empty ones weigh nothing, as before.
     assert synthesize([sub("e", 0.9, content=""), sub("f", 0.6, content="xx")], [], CFG).overall == 0.6
+
+
+# --- From a mutation review of the twenty-eighth round's synthesis change --------------------------------
+
+
+def test_a_lone_dash_is_no_shared_content_word() -> None:
+    """ "-" between words is punctuation: kept as a word (or as an empty one), it made two statements
+    sharing one real content word look like two."""
+    assert _conflicting_pairs("Retries - enabled", "Retries - not configured") == []
+    assert _conflicting_pairs("Retries - enabled", "Retries are not - enabled") == [("1", "2", "heuristic")]
+
+
+def test_python_none_as_the_second_word_is_the_value() -> None:
+    """Only the first word "None" is the negation: "Returns None" (None at index 1) is the value."""
+    assert _conflicting_pairs("Returns None on error", "Never returns None on error") == [
+        ("1", "2", "heuristic")
+    ]
+
+
+def test_empty_included_sources_average_every_included_score_only() -> None:
+    """With every included weight 0, the plain mean of the included sources: not the first one's or the
+    best one's, and an excluded (low-confidence) source does not count."""
+    result = synthesize(
+        [sub("a", 0.9, content=""), sub("b", 0.6, content=""), sub("c", 0.1, content="")], [], CFG
+    )
+    assert [s.included for s in result.sources] == [True, True, False]
+    assert result.overall == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("bullet", ["- ", "-- ", "' "])
+def test_a_bullet_before_none_keeps_it_the_negation(bullet: str) -> None:
+    """The first word decides, not the first token: a markdown bullet "-" (no word) made a leading "None"
+    the second token, read as Python's None, so "- None of the tests pass" was not negated (86bd311)."""
+    assert _conflicting_pairs(bullet + "None of the tests pass", bullet + "All of the tests pass") == [
+        ("1", "2", "heuristic")
+    ]

@@ -182,3 +182,16 @@ def test_the_agent_view_reports_the_hours_it_counted() -> None:
         assert answers == [(200, 24.0, 2), (200, 24.0, 2), (200, 12.0, 2), (200, 24.0, 2)]
 
     _ask(svc, check)
+
+
+def test_the_agent_view_caps_hours_at_the_retention_not_the_window() -> None:
+    """Mutation review: the cap is `history_retention_hours` (what is kept), not the default window."""
+    svc = _owning_every_key(history_retention_hours=48.0, history_window_hours=24.0)
+    _store_agent(svc, [timedelta(0), timedelta(hours=10), timedelta(hours=30), timedelta(hours=60)])
+
+    async def check(client: TestClient) -> None:
+        response = await client.get("/agents/acme/patcher-1", params={"hours": "168"})
+        body = await response.json()
+        assert (response.status, body.get("lookback_hours"), body.get("total_executions")) == (200, 48.0, 3)
+
+    _ask(svc, check)
