@@ -76,48 +76,6 @@ def test_an_unreadable_stored_value_answers_a_json_500_and_other_errors_still_ra
     }
 
 
-def _calibration_view(svc: Any) -> Callable[[dict[str, str]], tuple[int, dict[str, Any]]]:
-    """The worker's `/calibration/{tenant}` view, asked offline of a worker that owns every key."""
-    pages: dict[str, Any] = {}
-    svc.app.page = lambda path, **_: lambda cls: pages.setdefault(path, cls)
-
-    async def same_node(*_: Any, **__: Any) -> Any:
-        raise SameNode()
-
-    svc.app.router.route_topic_req = lambda *_, **__: same_node()
-    attach_views(svc)
-    view = SimpleNamespace(web=_Web(), app=svc.app)
-    get = pages["/calibration/{tenant_id}"].get
-
-    def ask(query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        request = SimpleNamespace(query=query, url="/calibration/acme")
-        return asyncio.run(get(view, request, tenant_id="acme"))  # type: ignore[no-any-return]
-
-    return ask
-
-
-def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
-    svc = create_app(load_settings())
-    group = GroupCalibration(
-        tenant_id="acme",
-        dimension="model",
-        value="gpt-4o",
-        kind="response",
-        newest=datetime(2026, 1, 1, tzinfo=UTC),
-    )
-    svc.calibration_groups.data[group_key("acme", "model", "gpt-4o", "response")] = (
-        group.model_dump_json().encode()
-    )
-    ask = _calibration_view(svc)
-    status, body = ask({"kind": "response"})
-    assert status == 200 and [g["kind"] for g in body["groups"]] == ["response"]
-    assert ask({"kind": "claim"})[0] == 404  # a kind with no group here: no data
-    assert ask({"kind": "responses"}) == (
-        400,
-        {"error": "kind must be one of response, composite, evidence, claim"},
-    )
-
-
 NEWEST = datetime(2026, 3, 2, 12, tzinfo=UTC)
 
 
@@ -143,6 +101,35 @@ def _ask(svc: Service, check: Callable[[TestClient], Awaitable[None]]) -> None:
             await check(client)
 
     asyncio.run(run())
+
+
+def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
+    svc = _owning_every_key()
+    group = GroupCalibration(
+        tenant_id="acme",
+        dimension="model",
+        value="gpt-4o",
+        kind="response",
+        newest=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    svc.calibration_groups.data[group_key("acme", "model", "gpt-4o", "response")] = (
+        group.model_dump_json().encode()
+    )
+
+    async def check(client: TestClient) -> None:
+        async def ask(kind: str) -> tuple[int, dict[str, Any]]:
+            response = await client.get("/calibration/acme", params={"kind": kind})
+            return response.status, await response.json()
+
+        status, body = await ask("response")
+        assert status == 200 and [g["kind"] for g in body["groups"]] == ["response"]
+        assert (await ask("claim"))[0] == 404  # a kind with no group here: no data
+        assert await ask("responses") == (
+            400,
+            {"error": "kind must be one of response, composite, evidence, claim"},
+        )
+
+    _ask(svc, check)
 
 
 def _store_agent(svc: Service, ages: list[timedelta]) -> None:
