@@ -154,6 +154,7 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
         return state
     changes: dict[str, object] = {"applied": (*state.applied, inv.event_id)[-cfg.max_event_ids :]}
     added_to: str | None = None  # the list `target` joins, if it was not in it yet
+    rebuild_index = not state.matched and bool(_targets(state))  # a value stored before the index
     if inv.phase == "recovery":
         changes["recovery_attempts"] = state.recovery_attempts + 1
     category = cfg.tool_categories.get(inv.tool.lower())
@@ -184,10 +185,9 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             passed = True if passed is None else passed
             changes["tests_latest" if is_test else "build_latest"] = passed
             if not passed and state.verification_targets:
-                # DESIGN 4b: a pass followed by a failure no longer converges.
+                # DESIGN 4b: a pass followed by a failure no longer converges; targets leave the index.
                 changes["verification_targets"] = ()
-                updated = state.model_copy(update=changes)
-                return updated.model_copy(update={"matched": _all_matches(updated)})
+                rebuild_index = True
             if passed:
                 added_to = _join(
                     changes, "verification_targets", state.verification_targets, target, "verification"
@@ -196,7 +196,7 @@ def update(state: EvidenceState, inv: Invocation, cfg: EvidenceConfig) -> Eviden
             added_to = _join(changes, "git_targets", state.git_targets, target, "git")
         elif category == "ci" and inv.complete:
             added_to = _join(changes, "ci_targets", state.ci_targets, target, "ci")
-    if not state.matched and _targets(state):  # a value stored before the index: built once, then kept
+    if rebuild_index:  # built from scratch once, then kept up to date per target
         updated = state.model_copy(update=changes)
         return updated.model_copy(update={"matched": _all_matches(updated)})
     if added_to is not None:
