@@ -2,11 +2,13 @@
 
 A factor whose input is absent (no `retrieval`, no `code_validation`) is not applicable: the weights are
 renormalised over the present factors and the result names the missing ones (DESIGN 4). Block reason
-wording: "Composite confidence 62.50% below <agent_type> threshold 80.00%".
+wording: "Composite confidence 62.50% below <agent_type> threshold 80.00%", the score cut (not rounded)
+to two decimals of a percent so that a blocked 0.79996 never reads as its 80.00% threshold.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -152,6 +154,12 @@ def composite_from_factors(factors: Mapping[str, float], cfg: CompositeConfig) -
     return sum(score * cfg.weights[name] for name, score in factors.items()) / total if total else 0.0
 
 
+def _percent_cut(score: float) -> str:
+    """`score` as a percent with two decimals, cut towards zero: 0.79996 is "79.99%", not "80.00%"."""
+    # round() first so that 0.7 (70.00000000000001 % in binary) is not cut to 69.99 %.
+    return f"{math.floor(round(score * 10_000, 6)) / 100:.2f}%"
+
+
 def score_composite(
     agent_type: str,
     retrieval_similarities: Sequence[float] | None,
@@ -181,7 +189,7 @@ def score_composite(
     reason = (
         None
         if met
-        else f"Composite confidence {score:.2%} below {agent_type.lower()} threshold {threshold:.2%}"
+        else f"Composite confidence {_percent_cut(score)} below {agent_type.lower()} threshold {threshold:.2%}"
     )
     return CompositeResult(
         score=score,

@@ -261,6 +261,29 @@ def test_claims_across_traces_contradiction_staleness_and_derived(deployment: De
     assert _get(deployment, "/claims/claims-tenant/one-source?min_width=abc")[0] == 400
 
 
+def test_a_block_reason_never_rounds_the_score_up_to_its_threshold(deployment: Deployment) -> None:
+    """A patcher's first response (history 0.5) with KB 0.96657, code 0.70 and certainty 1.0 scores
+    0.799971 and is blocked; its reason read "80.00% below patcher threshold 80.00%" before the
+    score was cut instead of rounded."""
+    f = EventFactory(tenant="block-reason-tenant")
+    event = f.response(
+        "block-reason",
+        agent="patcher-near",
+        agent_type="Patcher",
+        response=STRONG_COMPOSITE["response"],
+        retrieval=[{"similarity": 0.91657}],
+        code_validation={"code_exists": True, "syntax_valid": True, "type_valid": True},
+    )
+    deployment.produce([event])
+    records = deployment.collect(
+        count_of("RESPONSE_SCORED", 1, deployment.settings.scored_topic, {event["event_id"]})
+    )
+    out = next(o for o in deployment.outputs(records) if o["source_event_id"] == event["event_id"])
+    assert out["composite"]["score"] == pytest.approx(0.799971)
+    assert out["composite"]["should_block"] is True
+    assert out["composite"]["block_reason"] == "Composite confidence 79.99% below patcher threshold 80.00%"
+
+
 def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment) -> None:
     f = EventFactory(tenant="history-tenant")
     s = deployment.settings

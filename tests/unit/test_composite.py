@@ -120,6 +120,22 @@ def test_threshold_compared_after_rounding() -> None:
     assert I_DONT_KNOW_ANSWER == "I don't know - my confidence is too low to answer this accurately."
 
 
+@pytest.mark.parametrize(
+    ("kb_similarity", "shown"),
+    [
+        (0.74996, "79.99%"),  # 0.79996 rounded would read "80.00% below ... 80.00%"
+        (0.65, "70.00%"),  # 0.7000000000000001 is not cut to 69.99 %
+        (0.6, "65.00%"),
+    ],
+)
+def test_block_reason_never_shows_a_blocked_score_at_its_threshold(kb_similarity: float, shown: str) -> None:
+    only_kb = {"knowledge_base": 1.0, "code_validation": 0.0, "response_certainty": 0.0, "agent_history": 0.0}
+    cfg = CompositeConfig(weights=only_kb, default_threshold=0.8, kb_relevance_threshold=0.0)
+    result = score_composite("other", [kb_similarity], None, "", 0.5, cfg)  # one relevant result: +0.05
+    assert result.should_block
+    assert result.block_reason == f"Composite confidence {shown} below other threshold 80.00%"
+
+
 def test_levels_and_block() -> None:
     strong = score_composite(
         "patcher",
