@@ -10,7 +10,7 @@ input. Output events embed the scoring results of `streams.scoring` directly.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from streams.scoring.calibration import ReliabilityBin
@@ -85,20 +86,44 @@ def _rfc3339(value: object) -> object:
 
 # Event times take part in date arithmetic (TTLs, windows, half-lives): one dated 9999-12-31 overflowed
 # when its expiry was computed, outside the per-record guard, and stopped the worker on every restart.
-# Years 1900 to 8999 leave centuries of room either way.
-TIMESTAMP_MIN = datetime(1900, 1, 1, tzinfo=UTC)
-TIMESTAMP_MAX = datetime(9000, 1, 1, tzinfo=UTC)
+# Years 1900 to 8999 leave centuries of room either way. The year is the one written, in the event's own
+# offset, as the JSON Schema's pattern can check it (an offset under a day moves the instant less than
+# that). `test_project.py` runs the date arithmetic on the extreme instants.
+TIMESTAMP_YEARS = (1900, 8999)
 
 
 def _in_range(value: datetime) -> datetime:
-    if not TIMESTAMP_MIN <= value < TIMESTAMP_MAX:
+    if not TIMESTAMP_YEARS[0] <= value.year <= TIMESTAMP_YEARS[1]:
         raise PydanticCustomError("timestamp_out_of_range", "should be a date-time from year 1900 to 8999")
     return value
 
 
+_TIMESTAMP_SCHEMA = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": r"^(19\d\d|[2-8]\d\d\d)-",
+    "description": "RFC 3339 date-time with a zone (Z or +hh:mm), year 1900 to 8999 as written.",
+}
+
+
 # After a before-validator the value is checked as Python input, where a strict datetime takes no string:
 # hence Strict(False), which parses the (already checked) string exactly as strict JSON decoding would.
-Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339), AfterValidator(_in_range)]
+Timestamp = Annotated[
+    AwareDatetime,
+    Strict(False),
+    BeforeValidator(_rfc3339),
+    AfterValidator(_in_range),
+    WithJsonSchema(_TIMESTAMP_SCHEMA),
+]
+
+
+def _whole_number(value: object) -> object:
+    # JSON Schema's "integer" is any number without a fraction, so 3.0 is valid there, and Python's json
+    # writes a float that way: it is the integer 3 here too (3.5 stays a float and is refused).
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WholeNumber = BeforeValidator(_whole_number)  # after the bounds in an Annotated, so they stay in the schema
 # Ids and names become Kafka keys, table keys and metric labels, and outputs repeat them: an output
 # whose key and value each carried a 600 KB trace id would pass Apache Kafka's 1 MB record limit, and
 # the broker's refusal would stop the worker on that record after every restart. 1,024 characters is
@@ -122,10 +147,11 @@ class _Envelope(BaseModel):
     @field_validator("schema_version", mode="before")
     @classmethod
     def _integer_one(cls, value: object) -> object:
-        # `true == 1` and `1.0 == 1` in Python: without this a JSON boolean or float would pass as version 1.
-        if isinstance(value, bool | float):
+        # `true == 1` in Python: without this a JSON boolean would pass as version 1. 1.0 is the integer 1,
+        # as in the JSON Schema (`const: 1`), and 1.5 is refused as a float.
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError("schema_version must be the integer 1")
-        return value
+        return _whole_number(value)
 
 
 class _Input(_Envelope):
@@ -180,8 +206,8 @@ class ToolInvocation(_Input):
     target: str
     phase: Literal["primary", "recovery"] = "primary"
     status: Literal["ok", "empty", "error"]
-    result_count: Annotated[int, Field(ge=0)] | None = None
-    factors_found: Annotated[int, Field(ge=0, le=4)] | None = None
+    result_count: Annotated[int, Field(ge=0), WholeNumber] | None = None
+    factors_found: Annotated[int, Field(ge=0, le=4), WholeNumber] | None = None
     build_passed: bool | None = None
     tests_passed: bool | None = None
     complete: bool | None = None
@@ -233,6 +259,11 @@ class ClaimEvent(_Input):
 SubjectType = Literal["response", "trace", "claim"]
 
 
+def _given(name: str, json_type: str) -> dict[str, Any]:
+    """JSON Schema: `name` is present and of `json_type` (so not null)."""
+    return {"required": [name], "properties": {name: {"type": json_type}}}
+
+
 class OutcomeEvent(_Envelope):
     """Feedback on something the service scored: was it right? (calibration, README "Calibration").
 
@@ -240,6 +271,17 @@ class OutcomeEvent(_Envelope):
     neither is given, the evidence score of the trace `trace_id`. The verdict is `correct` or a graded
     `score` in [0, 1], exactly one of them.
     """
+
+    # The JSON Schema states the same two rules as `_one_subject_one_verdict` (a field counts when it
+    # is present and not null), so a producer validating against it is not dead-lettered for them.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {"not": {"allOf": [_given("subject_event_id", "string"), _given("claim_id", "string")]}},
+                {"oneOf": [_given("correct", "boolean"), _given("score", "number")]},
+            ]
+        }
+    )
 
     event_type: Literal["OUTCOME"]
     subject_event_id: Id | None = None
@@ -407,15 +449,22 @@ output_adapter: TypeAdapter[
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schema per event type, for producers and consumers in other languages (`make schemas`)."""
-    models: list[type[BaseModel]] = [
-        LlmResponse,
-        ToolInvocation,
-        ClaimEvent,
-        OutcomeEvent,
+    inputs: list[type[BaseModel]] = [LlmResponse, ToolInvocation, ClaimEvent, OutcomeEvent]
+    outputs: list[type[BaseModel]] = [
         ResponseScored,
         TraceScored,
         ClaimScored,
         SynthesisScored,
         CalibrationUpdated,
     ]
-    return {model.__name__: model.model_json_schema() for model in models}
+    return {model.__name__: model.model_json_schema() for model in inputs} | {
+        model.__name__: model.model_json_schema(mode="serialization", schema_generator=_EmittedSchema)
+        for model in outputs
+    }
+
+
+class _EmittedSchema(GenerateJsonSchema):
+    """Outputs are dumped whole, defaults and nulls included: every field of theirs is always present."""
+
+    def field_is_required(self, field: Any, total: bool) -> bool:
+        return True

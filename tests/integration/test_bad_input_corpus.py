@@ -246,7 +246,7 @@ def build_corpus(f: EventFactory) -> list[Bad]:
     c.add("unknown status", "invalid_value", c.event("tool", status="maybe"))
     c.add("empty tenant_id", "invalid_value", c.event(tenant_id=""))
     # schema_version other than the integer 1.
-    for version in (2, "1", True, 1.0, None):
+    for version in (2, "1", True, 1.5, 2.0, None):
         c.add(f"schema_version {version!r}", "unsupported_schema_version", c.event(schema_version=version))
     # Limits (MAX_EVENT_BYTES, MAX_ARRAY_ITEMS) and shapes.
     c.add("huge string", "oversized_event", c.event(query="q" * MAX_EVENT_BYTES))
@@ -317,11 +317,13 @@ def build_valid(f: EventFactory) -> list[bytes | dict[str, Any]]:
         orjson.dumps(escaped).replace(b'"event_type"', b'"event\\u005ftype"'),
         f.response("tr-v-6", minutes=12, role="synthesis", **STRONG),
         leap,
+        # JSON Schema's integers include 3.0 and 1.0 (Python's json writes floats so): the integers 3 and 1.
+        f.tool("tr-v-8", "find", "Widget", minutes=14, result_count=3.0, schema_version=1.0),
     ]
 
 
 # Outputs the valid events above must produce (each RESPONSE_SCORED once, c-2 re-scores c-1, ...).
-EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 4, "CLAIM_SCORED": 4, "SYNTHESIS_SCORED": 1}
+EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 5, "CLAIM_SCORED": 4, "SYNTHESIS_SCORED": 1}
 
 
 def _encode(event: bytes | dict[str, Any]) -> tuple[bytes, bytes]:
@@ -477,6 +479,9 @@ def test_bad_input_corpus(kafka: RunningBroker) -> None:
     flagged_alone = _flagged(alone, alone.collect(_until(lambda rs: _flagged(alone, rs) >= wanted, 15), 20))
     assert flagged == flagged_alone == wanted
 
+    # result_count 3.0 counts three results, as tr-v-2's result_count 3 does.
+    trace_of = {o["trace_id"]: o for o in ours.values() if o["event_type"] == "TRACE_SCORED"}
+    assert trace_of["tr-v-8"]["categories"] == {"search": 0.65}
     # The self-contradiction is ignored: no penalty on c-self.
     self_claim = next(o for o in ours.values() if o.get("claim_id") == "c-self")
     assert self_claim["interval"]["factors"]["contradiction_penalty"] == 1.0

@@ -14,12 +14,12 @@ from typing import Any, get_args
 
 import orjson
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from streams.decode import decode
 from streams.dlq import DeadLetter, Reason, strip_logprobs
-from streams.events import TIMESTAMP_MAX, TIMESTAMP_MIN, ClaimEvent, LlmResponse, ToolInvocation
+from streams.events import TIMESTAMP_YEARS, ClaimEvent, LlmResponse, ToolInvocation
 
 MAX_BYTES = 64 * 1024
 MAX_ITEMS = 50
@@ -279,6 +279,8 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "bool"
+    if isinstance(value, float) and value.is_integer():
+        return "int"  # JSON Schema's integers include 3.0, and the decoder reads it as 3
     return {int: "int", float: "float", str: "str", list: "list", dict: "object"}[type(value)]
 
 
@@ -329,7 +331,7 @@ def test_a_value_of_another_json_type_is_dead_lettered(
     field = data.draw(st.sampled_from(sorted(typed)))
     wrong = sorted(set(VALUES_OF_TYPE) - ACCEPTS[field])
     value = data.draw(st.sampled_from(wrong).flatmap(lambda t: VALUES_OF_TYPE[t]))
-    assert _json_type(value) not in ACCEPTS[field]
+    assume(_json_type(value) not in ACCEPTS[field])  # 3.0 is a JSON integer
     event[field] = value
     result = check_decoded(dumps(event))
     assert isinstance(result, DeadLetter), (field, value)
@@ -422,7 +424,7 @@ def test_rfc3339_timestamps_from_1900_to_8999_are_accepted(
 ) -> None:
     event = {**_valid(kind, logprobs), "timestamp": when.isoformat()}
     result = check_decoded(dumps(event))
-    if TIMESTAMP_MIN <= when < TIMESTAMP_MAX:
+    if TIMESTAMP_YEARS[0] <= when.year <= TIMESTAMP_YEARS[1]:  # the year as written, in its own offset
         assert not isinstance(result, DeadLetter), result
         assert result.timestamp == when
         # the standard library's zone (the stages' date arithmetic stays in C), with the same offset
@@ -433,7 +435,7 @@ def test_rfc3339_timestamps_from_1900_to_8999_are_accepted(
         assert result.reason == "out_of_range"
 
 
-@given(st.sampled_from(["1", True, 1.0, 2, 0, -1, None, [1], {"v": 1}, "one"]), logprob_list)
+@given(st.sampled_from(["1", True, 1.5, 2.0, 2, 0, -1, None, [1], {"v": 1}, "one"]), logprob_list)
 def test_schema_version_other_than_the_integer_one(version: Any, logprobs: list[float | None]) -> None:
     event = {**_valid("LLM_RESPONSE", logprobs), "schema_version": version}
     result = check_decoded(dumps(event))

@@ -7,7 +7,7 @@ import pathlib
 import random
 import shlex
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from streams import metrics, schemas
 from streams.cli import main
 from streams.config import SPAN_MAX_HOURS, Settings, load_settings, scoring_configs
-from streams.events import TIMESTAMP_MAX, TIMESTAMP_MIN
+from streams.events import TIMESTAMP_YEARS
 from streams.stages import TraceStage
 from streams.state import TraceState
 from tests.unit.test_history_stage import Responses
@@ -95,7 +95,10 @@ def test_the_longest_spans_work_on_the_extreme_event_times() -> None:
     """With every span at its longest, a trace's expiry and an agent's retention on events of the years
     1900 and 8999 compute (the worker stopped on `inf`: datetime overflow)."""
     settings = load_settings(**{name: _longest(name) for name in SPAN_SETTINGS})
-    for when in (TIMESTAMP_MIN, TIMESTAMP_MAX - timedelta(seconds=1)):
+    most = timedelta(hours=23, minutes=59)  # the largest offset RFC 3339 and datetime both allow
+    earliest = datetime(TIMESTAMP_YEARS[0], 1, 1, tzinfo=timezone(most))
+    latest = datetime(TIMESTAMP_YEARS[1], 12, 31, 23, 59, 59, tzinfo=timezone(-most))
+    for when in (earliest, latest):
         responses = Responses(settings, random.Random(0))
         scored = responses.score("e1", when, good=True)
         assert scored["event_type"] == "RESPONSE_SCORED"
