@@ -244,16 +244,20 @@ class CalibrationStage:
         # again), and a replayed batch sends the same scores in the same order. A trace re-scored by
         # an input with an earlier timestamp is judged by its new score.
         subject = self._bounded_subject(subject)
+        # The pair joins by `_pairs`, the rule `_outcome` applies when the outcome is the second to arrive.
         # An outcome whose wait had ended by this score's event time is unmatched, as the sweep would
-        # have made it: whether the sweep ran before the score arrived must not decide.
-        joined = [o for o in entry.waiting if subject.event_time <= self._wait_until(o)]
+        # have made it; one dated past this score's join window waits on for a newer score, as it would
+        # had it arrived second: whether the sweep ran, or which arrived first, must not decide.
+        joined = [o for o in entry.waiting if self._pairs(subject, o)]
+        unmatched = [o for o in entry.waiting if subject.event_time > self._wait_until(o) and o not in joined]
+        waiting = tuple(o for o in entry.waiting if o not in joined and o not in unmatched)
         for outcome in joined:
             self._apply(tenant, subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
-        if unmatched := len(entry.waiting) - len(joined):
-            out.meter(partial(self.metrics.outcomes_unmatched.inc, unmatched))
+        if unmatched:
+            out.meter(partial(self.metrics.outcomes_unmatched.inc, len(unmatched)))
         applied = (*entry.applied, *(o.event_id for o in joined))
-        batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=()))
+        batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=waiting))
 
     def _outcome(
         self, tenant: str, outcome: OutcomeEvent, received_at: float, batch: _Batch, out: Outputs
@@ -267,9 +271,10 @@ class CalibrationStage:
             out.meter(self.metrics.child(self.metrics.outcomes, "over_limit").inc)
             return  # the entry is one changelog record: it must stay under the broker's record limit
         outcome = self._bounded_outcome(outcome)
-        if entry.subject is None or outcome.timestamp > self._join_until(entry.subject):
-            # No score yet, or one whose join window had ended by the outcome's event time: the sweep
-            # deletes such a score, and whether it ran yet must not decide. Wait for a newer score.
+        if entry.subject is None or not self._pairs(entry.subject, outcome):
+            # No score yet, or one whose join window had ended by the outcome's event time (the sweep
+            # deletes such a score, and whether it ran yet must not decide), or one dated after the
+            # outcome's wait: wait for a newer score; the sweep counts it unmatched after its wait.
             out.meter(self.metrics.child(self.metrics.outcomes, "waiting").inc)
             entry = entry.model_copy(update={"waiting": (*entry.waiting, outcome)})
         else:
@@ -328,7 +333,9 @@ class CalibrationStage:
         observed = outcome.observed
         hour = _hour(outcome.timestamp)
         newest = max(group.newest, outcome.timestamp)
-        first = _hour(newest - self.window) + 1
+        # An hour leaves once it is wholly older than the window: the window holds W to W + 1 hours of
+        # outcomes (it held W - 1 to W, so a one-hour window dropped a one-minute-old outcome on the hour).
+        first = _hour(newest - self.window)
         if hour < first:
             return group  # judges an hour that already left the window: nothing to count it in
         bucket = batch.hour(hour_key(group, hour)) or HourBucket()
@@ -383,7 +390,7 @@ class CalibrationStage:
             return group
         if (
             group.last_emitted_ece is not None
-            and abs(ece - group.last_emitted_ece) < settings.calibration_ece_change
+            and round(abs(ece - group.last_emitted_ece), 9) < settings.calibration_ece_change
         ):
             return group
         min_interval = timedelta(minutes=settings.calibration_update_min_interval_minutes)
@@ -448,6 +455,13 @@ class CalibrationStage:
         # Neither (not written by the stage): due at once, and `sweep_subject` deletes it.
         return self.partition_of(key), min(moments, default=datetime.min.replace(tzinfo=UTC))
 
+    def _pairs(self, subject: CalibrationSubject, outcome: OutcomeEvent) -> bool:
+        """A score and an outcome join when each is within the other's window, whichever came first: the
+        outcome by the score's join window, the score by the outcome's wait."""
+        return outcome.timestamp <= self._join_until(subject) and subject.event_time <= self._wait_until(
+            outcome
+        )
+
     def _wait_until(self, outcome: OutcomeEvent) -> datetime:
         """An early outcome waits this long (event time) for its score, then counts as unmatched."""
         return outcome.timestamp + timedelta(hours=self.settings.calibration_outcome_wait_hours)
@@ -482,4 +496,4 @@ class CalibrationStage:
 
     def group_sweep_after(self, key: bytes, group: GroupCalibration) -> tuple[int, datetime]:
         """(partition, event time) before which the group is not expired."""
-        return self.partition_of(key), group.newest + self.window
+        return self.partition_of(key), group.newest + self.window + timedelta(hours=1)

@@ -289,6 +289,25 @@ def test_the_join_windows_hold_by_event_time_without_a_sweep(kafka: RunningBroke
         assert counts == {"matched": 1, "waiting": before + 2, "unmatched": 1}
         samples = wait_for(lambda: group_view(d, "model=m1&kind=response", 1, tenant="join"), "the group")
         assert samples["samples"] == 1
+
+        # The same two pairs in the other arrival order are not joined either (twenty-ninth round: the
+        # score's join window was checked only when the outcome came second, the outcome's wait only
+        # when the score did, so each of these was matched).
+        early = f.response("join-3", 0, model="m1", token_logprobs=[-0.1])
+        d.produce([f.outcome("join-3", 180, subject_event_id=early["event_id"], correct=False)])
+        settled(lambda c: c["waiting"] == before + 3, "the outcome 3 hours after its score, waiting")
+        later = f.response("join-4", 120, model="m1", token_logprobs=[-0.1])
+        marker = f.response("join-5", 0, model="m1", token_logprobs=[-0.1])
+        d.produce([early, later, marker])  # scores reach stage 4 in this order: one partition, one path
+        d.produce([f.outcome("join-5", 1, subject_event_id=marker["event_id"], correct=True)])
+        waiting = settled(lambda c: c["matched"] > 1, "the marker pair matched, so both scores arrived")[
+            "waiting"
+        ]
+        d.produce([f.outcome("join-4", 0, subject_event_id=later["event_id"], correct=False)])
+        counts = settled(lambda c: c["waiting"] > waiting or c["matched"] > 2, "the outcome 2 hours early")
+        assert counts == {"matched": 2, "waiting": waiting + 1, "unmatched": 1}
+        samples = wait_for(lambda: group_view(d, "model=m1&kind=response", 2, tenant="join"), "the group")
+        assert samples["samples"] == 2
     finally:
         d.stop()
 

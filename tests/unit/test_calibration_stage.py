@@ -417,3 +417,78 @@ def test_a_score_within_its_outcomes_wait_still_matches_it() -> None:
     w.feed(_score("r1", 60))  # exactly at the end of the hour: still joined
     assert w.outcomes("matched") == 1
     assert calibration.total(w.group().bins) == 1
+
+
+def _joined(first: CalibrationItem, second: CalibrationItem) -> tuple[float, float, int]:
+    """(matched, unmatched, samples counted) once the sweep has run past every window."""
+    w = _Worker()
+    w.feed(first)
+    w.feed(second)
+    _swept(w, 0)  # the wall clock bounds event times: every pair below is dated before it
+    key = group_key(TENANT, "model", "m", "response")
+    counted = calibration.total(w.tables[key].bins) if key in w.tables else 0  # type: ignore[attr-defined]
+    unmatched = w.registry.get_sample_value("confidence_outcomes_unmatched_total") or 0.0
+    return w.outcomes("matched"), unmatched, counted
+
+
+DAY = 24 * 60
+
+
+@pytest.mark.parametrize(
+    ("score_at", "outcome_at", "matched"),
+    [
+        (-9 * DAY, -DAY, False),  # outcome 8 days after its score: past the 7-day join window
+        (-8 * DAY, -DAY, True),  # exactly 7 days after: joined
+        (-DAY + 120, -DAY, False),  # score 2 h after its outcome: past the outcome's 1 h wait
+        (-DAY + 60, -DAY, True),  # exactly 1 h after: joined
+        (-DAY, -DAY + 30, True),
+    ],
+)
+def test_a_score_and_its_outcome_join_whichever_arrives_first(
+    score_at: float, outcome_at: float, matched: bool
+) -> None:
+    """Each window was checked on one arrival order only: an outcome 8 days after its score was counted
+    when it arrived first (and not when second), a score 2 h after its outcome when it arrived first."""
+    score, outcome = _score("r1", score_at), _outcome("o1", "r1", outcome_at)
+    expected = (1.0, 0.0, 1) if matched else (0.0, 1.0, 0)
+    assert _joined(score, outcome) == expected
+    assert _joined(outcome, score) == expected
+
+
+def test_an_outcome_past_one_scores_window_joins_the_newer_score_in_either_order() -> None:
+    """An outcome dated past its score's join window waits for a newer score of the subject (a trace
+    re-scored): it must do so also when it arrived before the old score."""
+    old, new = _score("r1", -9 * DAY, score=0.2), _score("r1", -DAY + 30, score=0.9)
+    outcome = _outcome("o1", "r1", -DAY)
+    for order in ((old, outcome, new), (outcome, old, new)):
+        w = _Worker()
+        for item in order:
+            w.feed(item)
+        assert w.outcomes("matched") == 1
+        assert list(w.group().bins) == [calibration.fine_bin(0.9)], "joined with the newer score, 0.9"
+
+
+def test_a_one_hour_window_keeps_the_last_hour_of_outcomes() -> None:
+    """The window dropped every hour partly outside it: with CALIBRATION_WINDOW_HOURS=1, outcomes at
+    +30 and +59 minutes, then one at +60, counted 1, 2, then 1 (the one-minute-old outcome gone)."""
+    w = _Worker(calibration_window_hours=1)
+    counted = []
+    for i, minute in enumerate((30, 59, 60, 125)):
+        w.feed(_score(f"r{i}", minute - 1), _outcome(f"o{i}", f"r{i}", minute))
+        counted.append(calibration.total(w.group().bins))
+    assert counted == [1, 2, 3, 2]  # at +125: the hour from +60 (partly in the last hour) stays, +0 left
+
+
+def test_an_ece_move_of_exactly_the_setting_is_emitted() -> None:
+    """20 outcomes of 0.5-scores, 6 right: ECE 0.2, emitted. 5 more, 1 right: ECE 7/25 = 0.22, a move of
+    exactly CALIBRATION_ECE_CHANGE (0.02), computed as 0.01999999999999996 and not emitted: compared
+    unrounded, against DESIGN 4b."""
+    w = _Worker()  # minimum 20 samples, change 0.02, at most every 10 minutes
+    emitted = []
+    for i in range(25):
+        w.feed(_score(f"r{i}", 2 * i, score=0.5))
+        records, _ = w.feed(_outcome(f"o{i}", f"r{i}", 2 * i + 1, correct=i < 6 or i == 20))
+        updates = [orjson.loads(r.value) for r in records if r.topic == w.settings.scored_topic]
+        emitted += [(i + 1, u["ece"]) for u in updates if u["group"]["dimension"] == "model"]
+    assert [samples for samples, _ in emitted] == [20, 25]
+    assert emitted[1][1] == pytest.approx(0.22)
