@@ -219,7 +219,7 @@ class ProvenanceEntry(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     source_type: Id
     confidence: UnitFloat
-    source_id: str | None = None
+    source_id: Annotated[str, Field(max_length=ID_MAX_CHARS)] | None = None
 
 
 class RelationshipEntry(BaseModel):
@@ -239,7 +239,7 @@ class ClaimEvent(_Input):
     # would read as their claims' own inputs.
     claim_id: Annotated[Id, Field(json_schema_extra={"not": {"const": SELF}})]
     statement: str
-    source_id: str | None = None
+    source_id: Annotated[str, Field(max_length=ID_MAX_CHARS)] | None = None
     provenance: list[ProvenanceEntry] = Field(default_factory=list)
     tier: Literal["ephemeral", "task", "project", "persistent"]
     staleness_at: Timestamp | None = None

@@ -264,6 +264,15 @@ def build_corpus(f: EventFactory) -> list[Bad]:
     )
     # An id as a Kafka key and again in an output's value could pass the broker's record limit.
     c.add("trace_id too long", "oversized_field", c.event(trace_id="t" * (ID_MAX_CHARS + 1)))
+    c.add("claim source_id too long", "oversized_field", c.event("claim", source_id="s" * (ID_MAX_CHARS + 1)))
+    c.add(
+        "provenance source_id too long",
+        "oversized_field",
+        c.event(
+            "claim",
+            provenance=[{"source_type": "doc", "confidence": 0.5, "source_id": "s" * (ID_MAX_CHARS + 1)}],
+        ),
+    )
     c.add(
         "derived_from id too long",
         "oversized_field",

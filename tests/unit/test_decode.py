@@ -25,6 +25,9 @@ BASE = {
 }
 
 
+CLAIM = {**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "task"}
+
+
 def _decode(raw: bytes, max_bytes: int = 10_000, max_items: int = 100) -> object:
     return decode(raw, max_bytes, max_items)
 
@@ -125,6 +128,13 @@ def test_unknown_extra_fields_are_dropped() -> None:
         (orjson.dumps({**BASE, "token_logprobs": [-0.1] * 101}), "oversized_array"),
         (orjson.dumps({**BASE, "trace_id": "t" * (ID_MAX_CHARS + 1)}), "oversized_field"),
         (orjson.dumps({**BASE, "sub_call_id": "s" * (ID_MAX_CHARS + 1)}), "oversized_field"),
+        (orjson.dumps({**CLAIM, "source_id": "s" * (ID_MAX_CHARS + 1)}), "oversized_field"),
+        (
+            orjson.dumps(
+                {**CLAIM, "provenance": [{"source_type": "doc", "confidence": 0.5, "source_id": "s" * 1025}]}
+            ),
+            "oversized_field",
+        ),
         (orjson.dumps({**BASE, "timestamp": "9999-12-31T23:00:00Z"}), "out_of_range"),
         (orjson.dumps({**BASE, "timestamp": "0001-01-01T00:00:00Z"}), "out_of_range"),
         (orjson.dumps({**BASE, "response": "x" * 20_000}), "oversized_event"),
