@@ -248,11 +248,19 @@ class BatchRunner:
             m.child(m.batch_seconds, self.agent, "state").observe(time.perf_counter() - sent)
             for event in batch.events:
                 await stream.ack(event)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the runner stops: the batch stays unacknowledged and is processed again
+            # A broker answer that ended cancelled while nobody stopped this batch: read as a shutdown,
+            # the task would end quietly and Faust would restart the agent past unacknowledged input.
+            await self._failed(batch, exc)
         except Exception as exc:  # any failure of the batch (acks included): stop with a clear error
-            stop_worker(self.svc, f"{self.agent} failed a batch of {len(batch.events)}: {exc!r}")
-            await _hold_unacknowledged()
+            await self._failed(batch, exc)
+
+    async def _failed(self, batch: _Prepared, exc: BaseException) -> None:
+        stop_worker(self.svc, f"{self.agent} failed a batch of {len(batch.events)}: {exc!r}")
+        await _hold_unacknowledged()
 
     def sender(self) -> RecordBatches:
         return RecordBatches.of(self.svc.app)

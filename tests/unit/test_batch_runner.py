@@ -245,6 +245,19 @@ async def test_a_failed_send_stops_the_worker_and_acknowledges_nothing_after_it(
         assert ("changelog", "2") not in sender.sent and ("outputs", "3") not in sender.sent
 
 
+async def test_a_broker_answer_that_ends_cancelled_is_a_failed_batch(exits: list[str]) -> None:
+    """A send's future that ends cancelled while the runner is not stopping was read as a shutdown:
+    the batch's task ended quietly, no one stopped the worker, and the runner ended cancelled, which
+    Faust takes for a rebalance and restarts the agent after input nobody acknowledged."""
+    async with _running(batches=3) as rig:
+        rig.sender.pending[("outputs", "1")].cancel()
+        await _settle()
+        await _until(lambda: exits == ["exit"])
+        assert rig.svc.health.fatal is not None and "CancelledError" in rig.svc.health.fatal
+        assert rig.stream.acked == []
+        assert ("changelog", "1") not in rig.sender.sent
+
+
 async def test_a_changelog_failure_leaves_the_batch_and_later_ones_unacknowledged(exits: list[str]) -> None:
     async with _running(batches=2) as rig:
         svc, stream, sender = rig.svc, rig.stream, rig.sender
