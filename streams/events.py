@@ -101,7 +101,8 @@ def _in_range(value: datetime) -> datetime:
 _TIMESTAMP_SCHEMA = {
     "type": "string",
     "format": "date-time",
-    "pattern": r"^(19\d\d|[2-8]\d\d\d)-",
+    # What `_rfc3339` and `_in_range` accept, for validators that do not check "format" (most, by default).
+    "pattern": r"^(19\d\d|[2-8]\d\d\d)-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$",
     "description": "RFC 3339 date-time with a zone (Z or +hh:mm), year 1900 to 8999 as written.",
 }
 

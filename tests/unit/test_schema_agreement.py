@@ -93,6 +93,9 @@ def test_an_integer_written_with_a_zero_fraction_is_that_integer(
         ("1899-12-31T23:59:59-01:00", False),  # 1900 in UTC
         ("9000-01-01T00:00:00Z", False),
         ("9999-12-31T23:59:59Z", False),
+        ("2026-11-22T12:00:00", False),  # no zone: a validator that skips "format" saw no problem
+        ("2026-11-22 12:00:00.5+05:30", True),
+        ("2026-11-22T12:00:00Zjunk", False),
     ],
 )
 def test_the_timestamp_year_bound_is_in_the_schema(timestamp: str, valid: bool) -> None:
@@ -101,7 +104,7 @@ def test_the_timestamp_year_bound_is_in_the_schema(timestamp: str, valid: bool) 
         assert _validator(name).is_valid(doc) == valid, event_type
         decoded = _decoded(doc)
         assert isinstance(decoded, DeadLetter) != valid, event_type
-        if not valid:
+        if not valid and timestamp.startswith(("18", "9")):
             assert decoded.reason == "out_of_range"
 
 
