@@ -161,11 +161,13 @@ def _calibration_last(outputs: Iterable[dict[str, Any]]) -> list[CalibrationLast
 
 
 def bucket_width(span_seconds: float) -> float:
-    """The smallest nice bucket width that cuts `span_seconds` into at most MAX_BUCKETS buckets."""
+    """The smallest nice bucket width that cuts `span_seconds` into at most MAX_BUCKETS buckets; past
+    the widest nice one (outputs dated years apart: another writer's, or a corrupt clock), an even cut
+    into MAX_BUCKETS - 1 widths, so the timeline stays at most MAX_BUCKETS long whatever the span."""
     for width in NICE_WIDTHS:
         if span_seconds / width < MAX_BUCKETS:
             return float(width)
-    return float(NICE_WIDTHS[-1])
+    return span_seconds / (MAX_BUCKETS - 1)
 
 
 def summarize(records: Iterable[object], source: str) -> Summary:

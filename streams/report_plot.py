@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -129,6 +130,13 @@ def _blocked(ax: Axes, s: Summary) -> None:
 
 def render_png(summary: Summary, title: str) -> bytes:
     """The four charts on one 1200 x 800 image."""
+    # Model names, agent types and the title are free text: "$" would be read as math and a backslash
+    # word in it as a TeX command, which raised and lost the whole report.
+    with rc_context({"text.parse_math": False}):
+        return _render(summary, title)
+
+
+def _render(summary: Summary, title: str) -> bytes:
     figure = Figure(figsize=(12, 8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     (a, b), (c, d) = figure.subplots(2, 2)

@@ -14,6 +14,9 @@ from streams.report import read_topic, summarize
 from tests.integration.fixtures import EventFactory, deploy
 
 
+ODD_AGENT_TYPE = "clerk$\\notacommand$"
+
+
 def test_report_from_the_scored_topic(kafka: RunningBroker) -> None:
     d = deploy(kafka, partitions=2)
     d.start_worker()
@@ -22,7 +25,8 @@ def test_report_from_the_scored_topic(kafka: RunningBroker) -> None:
         # gpt-4o allowed (confidence 0.905), claude flagged (0.223), one response without logprobs
         f.response("rp-1", token_logprobs=[-0.1, -0.1]),
         f.response("rp-2", token_logprobs=[-1.5, -1.5], model="claude"),
-        f.response("rp-3", agent="clerk-1", agent_type="clerk"),
+        # an agent type matplotlib would read as math ("$...$" around an unknown TeX word): drawn as text
+        f.response("rp-3", agent="clerk-1", agent_type=ODD_AGENT_TYPE),
         # a trace that ends strong (find + grep + read on one target) and a failed one
         f.tool("rp-t1", "find", "Parser", result_count=2),
         f.tool("rp-t1", "grep", "Parser", result_count=5, minutes=1),
@@ -65,7 +69,7 @@ def test_report_from_the_scored_topic(kafka: RunningBroker) -> None:
     assert s.confidence_by_model == {"claude": [0.223], "gpt-4o": [0.905]}
     assert s.confidence_missing == 1
     assert s.band_per_trace == {"strong": 1, "adequate": 0, "weak": 0, "failed": 1}
-    assert set(s.blocked_by_agent_type) == {"planner", "clerk"}
+    assert set(s.blocked_by_agent_type) == {"planner", ODD_AGENT_TYPE.lower()}
 
     assert done.returncode == 0, done.stderr
     assert f"7 records from topic {d.settings.scored_topic}" in done.stdout

@@ -177,11 +177,38 @@ def test_timeline_buckets_cover_the_run() -> None:
         (60, 5),
         (3600, 300),
         (86_400, 3600),
-        (1e9, 604_800),
+        (604_800 * 29.9, 604_800),
+        (1e9, 1e9 / 29),  # past the widest nice width: an even cut, MAX_BUCKETS long
     ],
 )
 def test_bucket_width(span: float, width: float) -> None:
     assert bucket_width(span) == width
+
+
+def test_outputs_dated_centuries_apart_still_give_a_short_timeline(tmp_path: Path) -> None:
+    """Two outputs 8,000 years apart (another writer's, or a corrupt clock) made 418,986 buckets with
+    the 7-day width, and drawing them ran for minutes."""
+    outputs = [
+        {"event_type": "TRACE_SCORED", "band": "weak", "scored_at": "1970-01-01T00:00:00+00:00"},
+        {"event_type": "TRACE_SCORED", "band": "weak", "scored_at": "9999-12-31T23:59:59+00:00"},
+    ]
+    summary = summarize(outputs, "x")
+    assert len(summary.timeline) <= 30  # MAX_BUCKETS
+    assert sum(outputs for _, outputs, _ in summary.timeline) == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "agent_type", "title"),
+    [("price$\\notacommand$", "planner", "t"), ("gpt-4o", "$\\notacommand$", "t"), ("m", "planner", "$x^$")],
+)
+def test_free_text_with_dollar_signs_is_drawn_as_text(
+    model: str, agent_type: str, title: str, tmp_path: Path
+) -> None:
+    """Model names, agent types and the title reached matplotlib as math text: a "$" pair around a
+    backslash word raised "Unknown symbol" and no report was written."""
+    outputs = [response(0, 0.9, model=model, agent_type=agent_type, blocked=True)]
+    png, _ = write_report(outputs, str(tmp_path), source="x", title=title)
+    assert Path(png).read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_empty_input_still_renders(tmp_path: Path) -> None:
