@@ -13,7 +13,6 @@ from streams.harness import RunningBroker
 from streams.report import read_topic, summarize
 from tests.integration.fixtures import EventFactory, deploy
 
-
 ODD_AGENT_TYPE = "clerk$\\notacommand$"
 
 
