@@ -249,6 +249,11 @@ class SubjectEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
     subject: CalibrationSubject | None = None
     applied: tuple[str, ...] = Field((), description="Outcome event ids already counted (re-delivery).")
+    applied_until: StdDatetime | None = Field(
+        None,
+        description="Until this event time a newer score could still join a counted outcome: `applied` "
+        "outlives the score that long, so a re-delivered one is still known (none before this field).",
+    )
     waiting: tuple[OutcomeEvent, ...] = Field((), description="Outcomes that arrived before the score.")
 
 

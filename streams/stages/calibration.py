@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel
@@ -256,8 +256,8 @@ class CalibrationStage:
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
         if unmatched:
             out.meter(partial(self.metrics.outcomes_unmatched.inc, len(unmatched)))
-        applied = (*entry.applied, *(o.event_id for o in joined))
-        batch.write("subjects", key, SubjectEntry(subject=subject, applied=applied, waiting=waiting))
+        counted = self._counted(entry, joined)
+        batch.write("subjects", key, SubjectEntry(subject=subject, waiting=waiting, **counted))
 
     def _outcome(
         self, tenant: str, outcome: OutcomeEvent, received_at: float, batch: _Batch, out: Outputs
@@ -280,7 +280,7 @@ class CalibrationStage:
         else:
             self._apply(tenant, entry.subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
-            entry = entry.model_copy(update={"applied": (*entry.applied, outcome.event_id)})
+            entry = entry.model_copy(update=self._counted(entry, [outcome]))
         batch.write("subjects", key, entry)
 
     # A far-future event time (a mistyped year) counts as the expiry clock's bound: stored as it is, it
@@ -439,21 +439,35 @@ class CalibrationStage:
         subject = entry.subject
         if subject is not None and self.clock.passed(partition, self._join_until(subject)):
             subject = None
-        if subject is None and not still_waiting:
+        # The counted ids outlive the score while a newer score could still join one of those outcomes:
+        # a re-delivered one is then a duplicate whether or not the sweep ran in between.
+        until = entry.applied_until
+        remember = subject is not None or (until is not None and not self.clock.passed(partition, until))
+        applied = entry.applied if remember else ()
+        if subject is None and not still_waiting and not applied:
             return None, unmatched
-        if unmatched == 0 and subject is entry.subject:
+        if unmatched == 0 and subject is entry.subject and applied == entry.applied:
             return entry, 0
-        return SubjectEntry(
-            subject=subject, applied=entry.applied if subject else (), waiting=still_waiting
-        ), unmatched
+        kept = {"subject": subject, "applied": applied, "applied_until": until if applied else None}
+        return entry.model_copy(update={**kept, "waiting": still_waiting}), unmatched
 
     def subject_sweep_after(self, key: bytes, entry: SubjectEntry) -> tuple[int, datetime]:
         """(partition, event time) before which `sweep_subject` would keep the entry as it is."""
         moments = [self._wait_until(o) for o in entry.waiting]
         if entry.subject is not None:
             moments.append(self._join_until(entry.subject))
+        elif entry.applied:  # kept past the score: until no newer score could join them
+            moments.append(entry.applied_until or datetime.min.replace(tzinfo=UTC))
         # Neither (not written by the stage): due at once, and `sweep_subject` deletes it.
         return self.partition_of(key), min(moments, default=datetime.min.replace(tzinfo=UTC))
+
+    def _counted(self, entry: SubjectEntry, outcomes: list[OutcomeEvent]) -> dict[str, Any]:
+        """The entry's `applied` fields once `outcomes` are counted: their ids, and the last event time a
+        newer score could join one of them (the end of its wait)."""
+        until = max((self._wait_until(o) for o in outcomes), default=None)
+        if entry.applied_until is not None and (until is None or entry.applied_until > until):
+            until = entry.applied_until
+        return {"applied": (*entry.applied, *(o.event_id for o in outcomes)), "applied_until": until}
 
     def _pairs(self, subject: CalibrationSubject, outcome: OutcomeEvent) -> bool:
         """A score and an outcome join when each is within the other's window, whichever came first: the

@@ -312,6 +312,59 @@ def test_the_join_windows_hold_by_event_time_without_a_sweep(kafka: RunningBroke
         d.stop()
 
 
+def test_a_redelivered_outcome_counts_once_after_its_score_was_swept(kafka: RunningBroker) -> None:
+    """Twenty-ninth round: the sweep deleted a subject with its expired score, and with it the ids of
+    the outcomes it had counted; a counted outcome re-delivered then joined the trace's next score."""
+    d = deploy(
+        kafka,
+        partitions=1,
+        CALIBRATION_JOIN_WINDOW_HOURS="1",
+        SWEEP_INTERVAL_SECONDS="1",
+        EXPIRY_SOURCE_IDLE_SECONDS="2",  # the default 300 s start-up grace would outlast the test
+    )
+    f = EventFactory(tenant="redo")
+
+    def value(name: str, **labels: str) -> float | None:
+        try:
+            return metric(d, name, **labels)
+        except OSError:  # the worker's web server is not up yet (URLError is an OSError)
+            return None
+
+    def count(status: str) -> float | None:
+        return value("confidence_outcomes_total", status=status)
+
+    d.start_worker()
+    try:
+        # Traces redo-x, redo-k1 and redo-k2 scored at 0; an outcome joins redo-x's score (and could
+        # join a newer one until 110).
+        d.produce([f.tool(t, "find", "Widget", 0, result_count=2) for t in ("redo-x", "redo-k1", "redo-k2")])
+        counted = f.outcome("redo-x", 50, correct=True)
+        d.produce([counted])
+        wait_for(lambda: count("matched") == 1, "the outcome matched")
+        subjects = "calibration-subjects"
+        wait_for(
+            lambda: value("confidence_table_keys", table=subjects) == 3, "a sweep counting three subjects"
+        )
+        # Event time moves past the scores' hour: the sweep deletes redo-k1 and redo-k2 (4 subjects -> 2),
+        # and keeps redo-x for its counted outcome's id (the old code deleted it too: 1 left).
+        d.produce([f.tool("redo-m", "find", "Widget", 70, result_count=2)])
+        left = wait_for(
+            lambda: (
+                (keys := value("confidence_table_keys", table=subjects)) is not None and keys <= 2 and keys
+            ),
+            "the expiry sweep after redo-m",
+        )
+        assert left == 2, "redo-x's entry was deleted with its score"
+        # The outcome re-delivered, then redo-x scored again within its hour, then a marker pair.
+        d.produce([counted, f.tool("redo-x", "grep", "Widget", 75, result_count=3)])
+        d.produce([f.tool("redo-n", "find", "Widget", 76, result_count=2)])
+        d.produce([f.outcome("redo-n", 77, correct=True)])
+        wait_for(lambda: (count("matched") or 0) >= 2, "the marker pair matched, after redo-x's new score")
+        assert (count("matched"), count("duplicate")) == (2, 1)
+    finally:
+        d.stop()
+
+
 def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS

@@ -492,3 +492,60 @@ def test_an_ece_move_of_exactly_the_setting_is_emitted() -> None:
         emitted += [(i + 1, u["ece"]) for u in updates if u["group"]["dimension"] == "model"]
     assert [samples for samples, _ in emitted] == [20, 25]
     assert emitted[1][1] == pytest.approx(0.22)
+
+
+def _trace_score(minutes: float, score: float) -> CalibrationItem:
+    """The trace `tr`'s evidence score (agent type `a`), as stage 1 sends it."""
+    subject = CalibrationSubject(
+        subject_type="trace",
+        subject_id="tr",
+        event_time=START + timedelta(minutes=minutes),
+        scores={"evidence": score},
+        agent_type="a",
+    )
+    return CalibrationItem(subject=subject, received_at=1.0)
+
+
+def _trace_outcome(event_id: str, minutes: float) -> CalibrationItem:
+    outcome = _outcome(event_id, "x", minutes).outcome
+    assert outcome is not None
+    return CalibrationItem(
+        outcome=outcome.model_copy(update={"subject_event_id": None, "trace_id": "tr"}), received_at=1.0
+    )
+
+
+@pytest.mark.parametrize("another_waits", [False, True])
+def test_a_redelivered_outcome_counts_once_also_after_its_score_was_swept(another_waits: bool) -> None:
+    """The sweep dropped a subject's counted outcome ids with its expired score (the whole entry, or,
+    with another outcome still waiting, the ids): the counted outcome, re-delivered, then joined the
+    trace's next score and was counted twice; without the sweep in between, once."""
+    base = -9 * DAY  # in the past: event times are bounded by the wall clock
+    counts = {}
+    for sweep in (False, True):
+        w = _Worker()
+        w.feed(_trace_score(base, 0.2))
+        w.feed(_trace_outcome("o1", base + 7 * DAY - 1))  # joins it, a minute before its window ends
+        if another_waits:
+            w.feed(_trace_outcome("o2", base + 7 * DAY + 1))  # past that window: waits for a newer score
+        if sweep:
+            _swept(w, base + 7 * DAY + 2)  # the score expired; o1's hour of waiting has not ended
+        w.feed(_trace_outcome("o1", base + 7 * DAY - 1))  # re-delivered
+        w.feed(_trace_score(base + 7 * DAY + 30, 0.9))  # the trace re-scored within o1's hour
+        counts[sweep] = (
+            w.outcomes("duplicate"),
+            calibration.total(w.group_of("agent_type", "a", "evidence").bins),
+        )
+    assert counts[True] == counts[False] == (1, 2 if another_waits else 1)
+
+
+def test_counted_outcome_ids_leave_once_no_newer_score_could_join_them() -> None:
+    """Kept past their score until the outcomes' hour of waiting ends, then the entry is deleted."""
+    w = _Worker(calibration_join_window_hours=1)
+    w.feed(_score("r1", -3 * DAY), _outcome("o1", "r1", -3 * DAY + 10))  # o1's hour ends at +70
+    key = subject_key(TENANT, "response", "r1")
+    _swept(w, -3 * DAY + 65)  # the score's hour ended at +60
+    kept = w.tables[key]
+    assert isinstance(kept, SubjectEntry) and kept.subject is None and kept.applied == ("o1",)
+    assert w.stage.subject_sweep_after(key, kept)[1] == START + timedelta(minutes=-3 * DAY + 70)
+    _swept(w, -3 * DAY + 71)
+    assert key not in w.tables
