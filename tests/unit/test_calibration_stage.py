@@ -479,6 +479,41 @@ def test_a_one_hour_window_keeps_the_last_hour_of_outcomes() -> None:
     assert counted == [1, 2, 3, 2]  # at +125: the hour from +60 (partly in the last hour) stays, +0 left
 
 
+def test_a_late_outcome_in_the_windows_first_hour_is_counted() -> None:
+    """The window's first hour is in it: with a one-hour window and the newest outcome at +120, an
+    outcome at +61 (the hour from +60) arriving late is counted, not dropped as already left."""
+    w = _Worker(calibration_window_hours=1)
+    w.feed(_score("r1", 119), _outcome("o1", "r1", 120))
+    w.feed(_score("r2", 60), _outcome("o2", "r2", 61))
+    assert calibration.total(w.group().bins) == 2
+
+
+def test_a_group_expires_once_its_newest_outcomes_hour_has_left_the_window() -> None:
+    """The window holds W to W + 1 hours (`_count`): the group stays while its newest outcome's hour is
+    in the window and expires once the clock is past newest + W + 1 h."""
+    w = _Worker(calibration_window_hours=1)
+    w.feed(_score("r1", 29), _outcome("o1", "r1", 30))
+    key = group_key(TENANT, "model", "m", "response")
+    w.stage.clock = ExpiryClock(timedelta(hours=1), None)  # one source: no idle wait
+    w.feed(_score("clock", 100))  # the hour from +0 is still the window's first
+    assert not w.stage.group_expired(key, w.group())
+    w.feed(_score("clock", 151))
+    assert w.stage.group_expired(key, w.group())
+
+
+def test_a_score_counts_unmatched_only_the_waiting_outcomes_whose_wait_it_passed() -> None:
+    """Of two outcomes waiting for a score, one whose wait ended before it is unmatched; one dated past
+    its join window waits on for a newer score, and is not counted unmatched (yet) too."""
+    w = _Worker()
+    w.feed(_outcome("o1", "r1", -9 * DAY - 120))  # its 1 h wait ended before the score
+    w.feed(_outcome("o2", "r1", -DAY))  # 8 days after the score: past its 7-day join window
+    w.feed(_score("r1", -9 * DAY))
+    assert w.outcomes("matched") == 0
+    assert w.registry.get_sample_value("confidence_outcomes_unmatched_total") == 1
+    _swept(w, 0)  # o2's wait ends with no newer score: unmatched now, once
+    assert w.registry.get_sample_value("confidence_outcomes_unmatched_total") == 2
+
+
 def test_an_ece_move_of_exactly_the_setting_is_emitted() -> None:
     """20 outcomes of 0.5-scores, 6 right: ECE 0.2, emitted. 5 more, 1 right: ECE 7/25 = 0.22, a move of
     exactly CALIBRATION_ECE_CHANGE (0.02), computed as 0.01999999999999996 and not emitted: compared

@@ -126,6 +126,8 @@ def test_threshold_compared_after_rounding() -> None:
         (0.74996, "79.99%"),  # 0.79996 rounded would read "80.00% below ... 80.00%"
         (0.65, "70.00%"),  # 0.7000000000000001 is not cut to 69.99 %
         (0.6, "65.00%"),
+        (0.12, "17.00%"),  # 0.16999999999999998: x 10,000 is 1699.9999999999998, not cut to 16.99 %
+        (0.7499999, "79.99%"),  # 7999.999 hundredths of a percent: not rounded up to 80.00 % first
     ],
 )
 def test_block_reason_never_shows_a_blocked_score_at_its_threshold(kb_similarity: float, shown: str) -> None:

@@ -67,6 +67,9 @@ def test_an_outcome_is_valid_for_its_schema_exactly_when_the_decoder_accepts_it(
         ("factors_found", 5.0, None),
         ("schema_version", 2.0, None),
         ("schema_version", True, None),
+        ("result_count", True, None),  # a boolean is no whole number
+        ("result_count", -1, None),  # the bound stays in the schema ("minimum", not pydantic's "ge")
+        ("result_count", -1.0, None),
     ],
 )
 def test_an_integer_written_with_a_zero_fraction_is_that_integer(
@@ -95,7 +98,16 @@ def test_an_integer_written_with_a_zero_fraction_is_that_integer(
         ("9999-12-31T23:59:59Z", False),
         ("2026-11-22T12:00:00", False),  # no zone: a validator that skips "format" saw no problem
         ("2026-11-22 12:00:00.5+05:30", True),
+        ("2026-11-22t12:00:00z", True),  # RFC 3339 allows lower-case "t" and "z"; the decoder reads them
         ("2026-11-22T12:00:00Zjunk", False),
+        # Field by field out of range (a day past its month's end, 2026-02-30, is beyond a pattern).
+        ("2026-13-01T00:00:00Z", False),
+        ("2026-11-22T24:00:00Z", False),
+        ("2026-11-22T12:60:00Z", False),
+        ("2026-11-22T12:00:00+24:00", False),
+        ("2026-11-22T12:00:00+23:60", False),
+        ("2026-11-22T23:59:60Z", True),  # RFC 3339's leap second
+        ("2026-11-22T12:00:00-23:59", True),
     ],
 )
 def test_the_timestamp_year_bound_is_in_the_schema(timestamp: str, valid: bool) -> None:
