@@ -71,6 +71,12 @@ class TraceState(BaseModel):
     remembered: dict[str, list[dict[str, object]]] = Field(default_factory=dict)
     archived: tuple[str, ...] = Field((), description="Blocks of older `remembered` entries: zlib, base64.")
     archived_in: dict[str, int] = Field(default_factory=dict, description="Input event id -> its block.")
+    response_times: dict[str, StdDatetime] = Field(
+        default_factory=dict,
+        description="LLM_RESPONSE event id -> its event time when first applied: a re-delivery that its "
+        "producer re-stamped is forwarded with it, so the agent stage finds the response it counted "
+        "and re-emits the same scores (none in states written before this field).",
+    )
 
 
 # A trace's outputs look alike (same fields, the same ids repeated), so a block of 64 compresses about

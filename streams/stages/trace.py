@@ -227,7 +227,7 @@ class TraceStage:
     def _response(
         self, state: TraceState, event: LlmResponse, record: InputRecord, out: Outputs
     ) -> tuple[StateChanges, list[dict[str, object]]]:
-        changes: StateChanges = {}
+        changes: StateChanges = {"response_times": {**state.response_times, event.event_id: event.timestamp}}
         produced: list[dict[str, object]] = []
         pending = self._pending(event, record)
         if event.role == "sub_call":
@@ -336,6 +336,11 @@ class TraceStage:
     ) -> None:
         """On re-delivery, downstream stages get the input again and re-emit their remembered outputs."""
         if isinstance(event, LlmResponse):
+            # At its first event time, should its producer have re-stamped the retry: the agent stage
+            # finds the entry it counted there and re-emits the same scores (DESIGN 4b).
+            first = state.response_times.get(event.event_id, event.timestamp)
+            if first != event.timestamp:
+                event = event.model_copy(update={"timestamp": first})
             self._send_pending(self._pending(event, record).model_copy(update={"redelivered": True}), out)
         elif isinstance(event, ClaimEvent):
             self._send_claim(event, record, out)

@@ -230,6 +230,9 @@ def test_redelivery_adds_no_new_ids_and_keeps_state(kafka: RunningBroker) -> Non
         d.collect(_each_arrived(d, twice_more))
         outputs = _through_markers(d, marker_factory, markers)
         assert Counter(o["event_id"] for o in outputs) == twice_more
+        # ... and the same scores (DESIGN 4b): a re-stamped response was scored again over the history
+        # at its new time, which held its own first delivery (twenty-ninth round).
+        assert {_key(o) for o in outputs} == first_keys
         assert _views(d) == state_before
     finally:
         d.stop()

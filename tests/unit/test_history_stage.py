@@ -417,6 +417,20 @@ def test_a_response_re_sent_with_another_timestamp_is_counted_once() -> None:
     assert sum(c.total for c in summary.hours) == 2
 
 
+def test_a_response_re_sent_with_another_timestamp_re_emits_its_first_scores() -> None:
+    """DESIGN 4b: a re-delivery re-emits the same scores. Re-stamped an hour later, a well-supported
+    response was scored over the history at its new time, which held its own first delivery: history
+    0.5 -> 0.2, composite 0.84 -> 0.78, blocked with the "I don't know" text under the same output id."""
+    responses = Responses(load_settings(), random.Random(5), keep_traces=True)
+    first = responses.score("e-1", T0, good=True, agent_type="patcher")
+    for i in range(2, 6):
+        responses.score(f"e-{i}", T0 + timedelta(minutes=10 * i), good=False, agent_type="patcher")
+    again = responses.score("e-1", T0 + timedelta(hours=1), good=True, agent_type="patcher")
+    assert {k: v for k, v in again.items() if k != "scored_at"} == {
+        k: v for k, v in first.items() if k != "scored_at"
+    }
+
+
 def test_the_rolling_confidence_average_counts_a_zero_confidence() -> None:
     """A confidence of 0.0 (any -inf logprob) was taken for "no value yet": the average restarted from
     the next response instead of moving 5 % towards it."""
