@@ -259,7 +259,8 @@ class BatchRunner:
             await self._failed(batch, exc)
 
     async def _failed(self, batch: _Prepared, exc: BaseException) -> None:
-        stop_worker(self.svc, f"{self.agent} failed a batch of {len(batch.events)}: {exc!r}")
+        what = f"a batch of {len(batch.events)}" if batch.events else "the expiry sweep's table changes"
+        stop_worker(self.svc, f"{self.agent} failed {what}: {exc!r}")
         await _hold_unacknowledged()
 
     def sender(self) -> RecordBatches:

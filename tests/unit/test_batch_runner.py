@@ -333,6 +333,20 @@ async def test_the_sweeps_table_changes_are_sent_in_order_with_the_batches(exits
         assert stream.acked == [10, 11, 20, 21] and svc.health.fatal is None
 
 
+async def test_a_failed_sweep_send_is_reported_as_the_sweeps(exits: list[str]) -> None:
+    """A sweep's table changes that the broker refused were reported as "failed a batch of 0"."""
+    async with _running(batches=0) as rig:
+        rig.table.unsent.append(Outgoing("changelog", b"k", b"state-sweep", 0))
+        rig.runner.send_table_changes()
+        await _settle()
+        rig.sender.pending[("changelog", "sweep")].set_exception(RuntimeError("broker refused"))
+        await _until(lambda: exits == ["exit"])
+        assert rig.svc.health.fatal is not None
+        assert (
+            "failed the expiry sweep's table changes: RuntimeError('broker refused')" in rig.svc.health.fatal
+        )
+
+
 async def test_a_sweep_while_a_processed_batch_waits_for_a_slot_goes_after_that_batch(
     exits: list[str],
 ) -> None:
