@@ -140,11 +140,13 @@ def _report_extra_missing() -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from streams.config import load_settings
     from streams.demo_runner import run_demo
     from streams.harness import stop_on_sigterm
 
     if args.report is not None and _report_extra_missing():
         return 2
+    load_settings()  # a mistake in the environment is named before a broker is started for nothing
     stop_on_sigterm()  # the broker and the worker it starts stop with it
     return run_demo(timeout=args.timeout, report_dir=args.report)
 

@@ -309,3 +309,19 @@ def test_every_staleness_half_life_is_at_least_a_microsecond(tier: str) -> None:
     """Mutation review: the validator covers the four tiers, not only the one test_invalid_settings uses."""
     with pytest.raises(ValueError, match="at least one microsecond"):
         load_settings(**{f"staleness_half_life_{tier}_hours": 1e-10})
+
+
+def test_demo_names_a_setting_mistake_before_starting_a_broker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo read the settings only once its broker was up: a mistyped variable started (and
+    stopped) the embedded broker, or waited for Docker, before the one-line error and exit 2."""
+    import streams.demo_runner
+
+    def no_broker(*_: object, **__: object) -> int:
+        raise AssertionError("the demo started before its settings were checked")
+
+    monkeypatch.setattr(streams.demo_runner, "run_demo", no_broker)
+    monkeypatch.setenv("TRACE_TTL_HOURS", "soon")
+    assert main(["demo"]) == 2
+    assert "TRACE_TTL_HOURS" in capsys.readouterr().err
