@@ -150,6 +150,22 @@ class _Rig:
     processed: list[str]
 
 
+def _service(send_timeout_seconds: float = 30.0) -> Any:
+    """What a runner reads of the worker's service: settings (exit at once), metrics, faults, health."""
+    settings = load_settings().model_copy(
+        update={"fatal_exit_delay_seconds": 0.0, "send_timeout_seconds": send_timeout_seconds}
+    )
+    registry = CollectorRegistry()
+    return SimpleNamespace(
+        settings=settings,
+        registry=registry,
+        metrics=metrics.create(registry),
+        faults=FaultInjector(),
+        health=Health(),
+        internal_ends={},
+    )
+
+
 @contextlib.asynccontextmanager
 async def _running(
     batches: int,
@@ -158,18 +174,7 @@ async def _running(
     fail_processing: str | None = None,
     send_timeout_seconds: float = 30.0,
 ) -> AsyncIterator[_Rig]:
-    settings = load_settings().model_copy(
-        update={"fatal_exit_delay_seconds": 0.0, "send_timeout_seconds": send_timeout_seconds}
-    )
-    registry = CollectorRegistry()
-    svc = SimpleNamespace(
-        settings=settings,
-        registry=registry,
-        metrics=metrics.create(registry),
-        faults=FaultInjector(),
-        health=Health(),
-        internal_ends={},
-    )
+    svc = _service(send_timeout_seconds)
     table, sender = _Table(), _Sender()
     rig = _Rig(
         svc,

@@ -14,17 +14,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 import streams.batch_runner
-from streams import metrics
-from streams.batch_runner import BatchRunner
 from streams.batch_send import Outgoing
-from streams.config import load_settings
-from streams.faults import FaultInjector
-from streams.health import Health
 from streams.stages import InputRecord, Record
-from tests.unit.test_batch_runner import _batch, _settle
+from tests.unit.test_batch_runner import _batch, _Runner, _service, _settle, _Table
 
 Step = tuple[Any, ...]  # ("send", label, values) | ("broker_ack", label) | ("fail", label) | ...
 
@@ -62,42 +56,13 @@ class _LoggingSender:
         return [future]
 
 
-class _Table:
-    def __init__(self) -> None:
-        self.unsent: list[Outgoing] = []
-
-    def take_changelog(self) -> list[Outgoing]:
-        unsent, self.unsent = self.unsent, []
-        return unsent
-
-
-class _Runner(BatchRunner):
-    def __init__(self, svc: Any, table: _Table, sender: _LoggingSender) -> None:
-        super().__init__(svc, "agent", table)  # type: ignore[arg-type]
-        self._sender = sender
-
-    def sender(self) -> Any:
-        return self._sender
-
-
 async def _one_run(seed: int) -> tuple[list[Step], list[bytes]]:
     """Drive the real runner for 60 random steps; return the log and the order the table saw."""
     rnd = random.Random(seed)
-    settings = load_settings().model_copy(
-        update={"fatal_exit_delay_seconds": 0.0, "send_timeout_seconds": 30.0}
-    )
-    registry = CollectorRegistry()
-    svc = SimpleNamespace(
-        settings=settings,
-        registry=registry,
-        metrics=metrics.create(registry),
-        faults=FaultInjector(),
-        health=Health(),
-        internal_ends={},
-    )
+    svc = _service()
     log: list[Step] = []
     table, sender, stream = _Table(), _LoggingSender(log), _QueuedStream(log)
-    runner = _Runner(svc, table, sender)
+    runner = _Runner(svc, table, sender)  # type: ignore[arg-type]
     memory: list[bytes] = []  # the changelog records in the order the table was written
 
     def process(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, str]]:
