@@ -453,6 +453,13 @@ output_adapter: TypeAdapter[
 ] = TypeAdapter(OutputEvent)
 
 
+class _EmittedSchema(GenerateJsonSchema):
+    """Outputs are dumped whole, defaults and nulls included: every field of theirs is always present."""
+
+    def field_is_required(self, field: Any, total: bool) -> bool:
+        return True
+
+
 def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schema per event type, for producers and consumers in other languages (`make schemas`)."""
     inputs: list[type[BaseModel]] = [LlmResponse, ToolInvocation, ClaimEvent, OutcomeEvent]
@@ -467,10 +474,3 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         model.__name__: model.model_json_schema(mode="serialization", schema_generator=_EmittedSchema)
         for model in outputs
     }
-
-
-class _EmittedSchema(GenerateJsonSchema):
-    """Outputs are dumped whole, defaults and nulls included: every field of theirs is always present."""
-
-    def field_is_required(self, field: Any, total: bool) -> bool:
-        return True

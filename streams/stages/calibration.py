@@ -248,16 +248,23 @@ class CalibrationStage:
         # An outcome whose wait had ended by this score's event time is unmatched, as the sweep would
         # have made it; one dated past this score's join window waits on for a newer score, as it would
         # had it arrived second: whether the sweep ran, or which arrived first, must not decide.
-        joined = [o for o in entry.waiting if self._pairs(subject, o)]
-        unmatched = [o for o in entry.waiting if subject.event_time > self._wait_until(o) and o not in joined]
-        waiting = tuple(o for o in entry.waiting if o not in joined and o not in unmatched)
+        joined: list[OutcomeEvent] = []
+        waiting: list[OutcomeEvent] = []
+        unmatched = 0
+        for outcome in entry.waiting:
+            if self._pairs(subject, outcome):
+                joined.append(outcome)
+            elif subject.event_time > self._wait_until(outcome):
+                unmatched += 1
+            else:
+                waiting.append(outcome)
         for outcome in joined:
             self._apply(tenant, subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
         if unmatched:
-            out.meter(partial(self.metrics.outcomes_unmatched.inc, len(unmatched)))
+            out.meter(partial(self.metrics.outcomes_unmatched.inc, unmatched))
         counted = self._counted(entry, joined)
-        batch.write("subjects", key, SubjectEntry(subject=subject, waiting=waiting, **counted))
+        batch.write("subjects", key, SubjectEntry(subject=subject, waiting=tuple(waiting), **counted))
 
     def _outcome(
         self, tenant: str, outcome: OutcomeEvent, received_at: float, batch: _Batch, out: Outputs
@@ -448,8 +455,13 @@ class CalibrationStage:
             return None, unmatched
         if unmatched == 0 and subject is entry.subject and applied == entry.applied:
             return entry, 0
-        kept = {"subject": subject, "applied": applied, "applied_until": until if applied else None}
-        return entry.model_copy(update={**kept, "waiting": still_waiting}), unmatched
+        kept = {
+            "subject": subject,
+            "applied": applied,
+            "applied_until": until if applied else None,
+            "waiting": still_waiting,
+        }
+        return entry.model_copy(update=kept), unmatched
 
     def subject_sweep_after(self, key: bytes, entry: SubjectEntry) -> tuple[int, datetime]:
         """(partition, event time) before which `sweep_subject` would keep the entry as it is."""
@@ -464,17 +476,20 @@ class CalibrationStage:
     def _counted(self, entry: SubjectEntry, outcomes: list[OutcomeEvent]) -> dict[str, Any]:
         """The entry's `applied` fields once `outcomes` are counted: their ids, and the last event time a
         newer score could join one of them (the end of its wait)."""
-        until = max((self._wait_until(o) for o in outcomes), default=None)
-        if entry.applied_until is not None and (until is None or entry.applied_until > until):
-            until = entry.applied_until
-        return {"applied": (*entry.applied, *(o.event_id for o in outcomes)), "applied_until": until}
+        ends = [self._wait_until(o) for o in outcomes]
+        if entry.applied_until is not None:
+            ends.append(entry.applied_until)
+        return {
+            "applied": (*entry.applied, *(o.event_id for o in outcomes)),
+            "applied_until": max(ends, default=None),
+        }
 
     def _pairs(self, subject: CalibrationSubject, outcome: OutcomeEvent) -> bool:
         """A score and an outcome join when each is within the other's window, whichever came first: the
         outcome by the score's join window, the score by the outcome's wait."""
-        return outcome.timestamp <= self._join_until(subject) and subject.event_time <= self._wait_until(
-            outcome
-        )
+        within_join_window = outcome.timestamp <= self._join_until(subject)
+        within_wait = subject.event_time <= self._wait_until(outcome)
+        return within_join_window and within_wait
 
     def _wait_until(self, outcome: OutcomeEvent) -> datetime:
         """An early outcome waits this long (event time) for its score, then counts as unmatched."""
