@@ -15,11 +15,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
 
 import aiohttp
+import faust
 import orjson
-from faust.exceptions import SameNode
 from faust.web import Request, Response, View
-from faust.web.exceptions import ServiceUnavailable
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
 
 from streams.app import Service
 from streams.decoded_states import UndecodableState, decode_stored
@@ -67,17 +68,52 @@ def _json(web: Any, body: object, status: int = 200) -> Response:
     return web.bytes(orjson.dumps(body), content_type="application/json", status=status)
 
 
-async def _from_owner(web: Any, route: Awaitable[Response], what: str) -> Response | None:
-    """The owning worker's answer to a request Faust's router forwards, or None when this worker owns
-    the key (the view then answers from its own table)."""
+# Set on a view request one worker forwards to another. A request that carries it is never forwarded
+# again: while a rebalance moves a partition, two workers can each name the other its owner, and
+# without the mark they would pass the request back and forth, a nested request per hop, until a
+# timeout.
+FORWARDED_HEADER = "X-Confidence-Forwarded-By"
+
+
+async def _from_owner(
+    web: Any, app: faust.App, request: Request, owner: Callable[[], URL], what: str
+) -> Response | None:
+    """The owning worker's answer, or None when this worker owns the key (the view then answers from
+    its own table). `owner` is Faust's router lookup for the key; the forwarding is Faust's
+    `Router._route_req` plus the one-hop mark."""
     try:
-        return await route
-    except SameNode:
-        return None
-    except ServiceUnavailable:
+        url = owner()
+    except KeyError:  # the assignment is not known yet
         return _json(web, {"error": f"no worker owns this {what} yet"}, 503)
+    here = app.conf.canonical_url
+    host, port = _host_and_port(url)
+    if (host, port) == _host_and_port(here):
+        return None
+    if FORWARDED_HEADER in request.headers:
+        return _json(
+            web,
+            {
+                "error": f"the workers disagree on which owns this {what} (a rebalance is moving it); retry",
+                "forwarded_by": request.headers[FORWARDED_HEADER],
+            },
+            503,
+        )
+    headers = CIMultiDict(request.headers)
+    headers[FORWARDED_HEADER] = str(here)
+    try:
+        async with app.http_client.request(
+            method=request.method, headers=headers, url=request.url.with_host(host).with_port(port)
+        ) as response:
+            return web.bytes(
+                await response.read(), content_type=response.content_type, status=response.status
+            )
     except OWNER_UNREACHABLE:
         return _json(web, {"error": f"the worker that owns this {what} did not answer"}, 503)
+
+
+def _host_and_port(url: URL) -> tuple[str, int]:
+    """As Faust's router compares workers' URLs (a URL without a scheme is a bare host)."""
+    return (url.host if url.scheme else url.path) or "", int(url.port or 80)
 
 
 def _float_param(request: Request, name: str) -> float | None:
@@ -185,8 +221,8 @@ def attach_views(
         @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, trace_id: str) -> Response:
             # Traces live with their input partition: route by the input topic's key.
-            route = app.router.route_topic_req(routing_topic, trace_id.encode(), self.web, request)
-            if (answer := await _from_owner(self.web, route, "trace")) is not None:
+            owner = functools.partial(app.router.external_topic_key_store, routing_topic, trace_id.encode())
+            if (answer := await _from_owner(self.web, app, request, owner, "trace")) is not None:
                 return answer
             raw = svc.traces.get(table_key(tenant_id, trace_id))
             if raw is None:
@@ -210,8 +246,10 @@ def attach_views(
         @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, claim_id: str) -> Response:
             # A tenant's claim graph lives with its partition of the claims topic (keyed by tenant).
-            route = app.router.route_topic_req(svc.claims_topic, tenant_id.encode(), self.web, request)
-            if (answer := await _from_owner(self.web, route, "claim")) is not None:
+            owner = functools.partial(
+                app.router.external_topic_key_store, svc.claims_topic, tenant_id.encode()
+            )
+            if (answer := await _from_owner(self.web, app, request, owner, "claim")) is not None:
                 return answer
             try:
                 filters = {
@@ -254,8 +292,8 @@ def attach_views(
         @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str, agent_name: str) -> Response:
             key = table_key(tenant_id, agent_name)
-            route = app.router.route_req(svc.agents_history.name, key, self.web, request)
-            if (answer := await _from_owner(self.web, route, "agent")) is not None:
+            owner = functools.partial(app.router.key_store, svc.agents_history.name, key)
+            if (answer := await _from_owner(self.web, app, request, owner, "agent")) is not None:
                 return answer
             try:
                 param = _float_param(request, "hours")
@@ -284,8 +322,10 @@ def attach_views(
         @_answers_unreadable_state
         async def get(self, request: Request, tenant_id: str) -> Response:
             # A tenant's calibration lives with its partition of the calibration topic (keyed by tenant).
-            route = app.router.route_topic_req(svc.calibration_topic, tenant_id.encode(), self.web, request)
-            if (answer := await _from_owner(self.web, route, "tenant")) is not None:
+            owner = functools.partial(
+                app.router.external_topic_key_store, svc.calibration_topic, tenant_id.encode()
+            )
+            if (answer := await _from_owner(self.web, app, request, owner, "tenant")) is not None:
                 return answer
             try:
                 param = _float_param(request, "target_precision")

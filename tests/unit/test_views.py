@@ -11,15 +11,22 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from faust.exceptions import SameNode
+from yarl import URL
 
 from streams.app import Service, create_app
 from streams.config import load_settings
 from streams.decoded_states import UndecodableState
+from streams.harness import free_port
 from streams.stages.calibration import group_key
 from streams.stages.history import hour_key, stored_hours
 from streams.state import AgentHistory, GroupCalibration, HistoryEntry, encode_history_hour, table_key
-from streams.views import _answers_unreadable_state, attach_views, claim_matches, tenant_of_key
+from streams.views import (
+    FORWARDED_HEADER,
+    _answers_unreadable_state,
+    attach_views,
+    claim_matches,
+    tenant_of_key,
+)
 
 
 def test_width_computed_with_float_error_meets_its_threshold() -> None:
@@ -79,15 +86,16 @@ def test_an_unreadable_stored_value_answers_a_json_500_and_other_errors_still_ra
 NEWEST = datetime(2026, 3, 2, 12, tzinfo=UTC)
 
 
+def _routed_to(svc: Service, owner: Callable[[], URL]) -> None:
+    """Make `svc`'s router name `owner()` the owner of every key, of tables and topics alike."""
+    svc.app.router.key_store = lambda *_: owner()
+    svc.app.router.external_topic_key_store = lambda *_: owner()
+
+
 def _owning_every_key(**overrides: object) -> Service:
     """A service with its views attached, whose router says this worker owns every key."""
     svc = create_app(load_settings(**overrides))
-
-    async def same_node(*_: Any, **__: Any) -> Any:
-        raise SameNode()
-
-    svc.app.router.route_req = lambda *_, **__: same_node()
-    svc.app.router.route_topic_req = lambda *_, **__: same_node()
+    _routed_to(svc, lambda: svc.app.conf.canonical_url)
     attach_views(svc)
     svc.app.web.init_server()
     return svc
@@ -103,8 +111,7 @@ def _ask(svc: Service, check: Callable[[TestClient], Awaitable[None]]) -> None:
     asyncio.run(run())
 
 
-def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
-    svc = _owning_every_key()
+def _stored_group(svc: Service) -> None:
     group = GroupCalibration(
         tenant_id="acme",
         dimension="model",
@@ -115,6 +122,11 @@ def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
     svc.calibration_groups.data[group_key("acme", "model", "gpt-4o", "response")] = (
         group.model_dump_json().encode()
     )
+
+
+def test_the_calibration_view_refuses_a_kind_that_does_not_exist() -> None:
+    svc = _owning_every_key()
+    _stored_group(svc)
 
     async def check(client: TestClient) -> None:
         async def ask(kind: str) -> tuple[int, dict[str, Any]]:
@@ -182,3 +194,61 @@ def test_the_agent_view_caps_hours_at_the_retention_not_the_window() -> None:
         assert (response.status, body.get("lookback_hours"), body.get("total_executions")) == (200, 48.0, 3)
 
     _ask(svc, check)
+
+
+def _two_workers(
+    owner_seen_by_a: Callable[[Service, Service], URL],
+    owner_seen_by_b: Callable[[Service, Service], URL],
+    check: Callable[[TestClient, Service, Service], Awaitable[None]],
+) -> None:
+    """Workers A and B serving their views on real ports, each with its own idea of who owns every key;
+    `check` asks A."""
+    a, b = (create_app(load_settings(web_host="127.0.0.1", web_port=free_port())) for _ in range(2))
+    _routed_to(a, lambda: owner_seen_by_a(a, b))
+    _routed_to(b, lambda: owner_seen_by_b(a, b))
+    for svc in (a, b):
+        attach_views(svc)
+        svc.app.web.init_server()
+    _stored_group(b)
+
+    async def run() -> None:
+        servers = [
+            TestServer(svc.app.web.web_app, host="127.0.0.1", port=svc.settings.web_port) for svc in (a, b)
+        ]
+        try:
+            async with TestClient(servers[0]) as client:
+                await servers[1].start_server()
+                await asyncio.wait_for(check(client, a, b), timeout=20)
+        finally:
+            await servers[1].close()
+            for svc in (a, b):
+                await svc.app.http_client.close()
+
+    asyncio.run(run())
+
+
+def test_a_view_is_answered_by_the_worker_that_owns_its_key() -> None:
+    async def check(client: TestClient, a: Service, b: Service) -> None:
+        response = await client.get("/calibration/acme")
+        body = await response.json()
+        assert response.status == 200, body
+        assert [g["value"] for g in body["groups"]] == ["gpt-4o"]  # B's table, through A
+
+    _two_workers(lambda a, b: b.app.conf.canonical_url, lambda a, b: b.app.conf.canonical_url, check)
+
+
+def test_a_forwarded_view_is_not_forwarded_again_when_two_workers_name_each_other_the_owner() -> None:
+    """Mid-rebalance, A can still name B the owner while B already names A. Forwarded again, the request
+    went back and forth (a nested request per hop) until a timeout; it is forwarded once now, and B
+    answers a 503 the caller can retry."""
+
+    async def check(client: TestClient, a: Service, b: Service) -> None:
+        for path in ("/calibration/acme", "/traces/acme/t1", "/claims/acme/c1", "/agents/acme/patcher-1"):
+            response = await client.get(path)
+            body = await response.json()
+            assert response.status == 503, (path, body)
+            assert "disagree" in body["error"], (path, body)
+            assert body["forwarded_by"] == str(a.app.conf.canonical_url)
+        assert FORWARDED_HEADER not in (await client.get("/healthz")).headers
+
+    _two_workers(lambda a, b: b.app.conf.canonical_url, lambda a, b: a.app.conf.canonical_url, check)
