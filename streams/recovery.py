@@ -25,7 +25,9 @@ the rebalance and waited it out). Faust's `getmany` skips them, aiokafka's posit
 the seek that would have brought them back is already done. Our consumer records such partitions
 (streams/transport.py), and the seek is repeated until no stream partition lost records after it.
 Two more guards on Faust's path. A rebalance that starts while the seek is in progress must not
-see this recovery resume the stream partitions (the next recovery does, after restoring); and a
+see this recovery resume the stream partitions (the next recovery does, after restoring), nor stop
+the worker when it makes the seek fail (Faust's `_wait` raises `RebalanceAgain` on its signal, aiokafka
+`IllegalStateError` for a partition no longer assigned: Faust's loop moves on to that recovery); and a
 recovery step that times out must stop the worker: Faust's `_wait` reports a timeout as "stopped",
 and its recovery loop then ends for good, leaving the streams paused while the worker looks alive.
 The seek's own failures (a broker that does not answer the committed-offset lookup, records lost on
@@ -40,8 +42,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from aiokafka.errors import IllegalStateError
 from faust.tables import TableManager
-from faust.tables.recovery import Recovery, ServiceStopped
+from faust.tables.recovery import RebalanceAgain, Recovery, ServiceStopped
 
 __all__ = ["SeekThenResumeRecovery", "SeekThenResumeTableManager"]
 
@@ -77,14 +80,25 @@ class SeekThenResumeRecovery(Recovery):  # type: ignore[misc]
         if not assignment:
             return True
         streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
+
+        def rebalancing_again() -> bool:
+            return app.rebalancing_count != rebalances or self.signal_recovery_start.is_set()
+
         try:
             await self._seek_until_nothing_dropped(consumer, streams)
         except ServiceStopped:
             raise  # stopping, or a timeout `_wait` has already reported
-        except Exception as exc:  # the streams stay paused: a worker that looks alive must not
+        except Exception as exc:
+            # RebalanceAgain (`_wait` saw the next rebalance's signal) and IllegalStateError (a partition
+            # left the assignment mid-seek) are what Faust's recovery loop reads as "another rebalance
+            # began": that rebalance's recovery seeks again, so the worker must not stop for them.
+            if isinstance(exc, RebalanceAgain | IllegalStateError) or rebalancing_again():
+                self.log.warning(f"Another rebalance began during the seek ({exc!r}): streams stay paused")
+                return False
+            # Otherwise the streams would stay paused in a worker that looks alive.
             self._failed(f"seeking the stream partitions to their committed offsets failed: {exc!r}")
             raise
-        if app.rebalancing_count != rebalances or self.signal_recovery_start.is_set():
+        if rebalancing_again():
             # Those partitions may not be this worker's any more, and the next recovery restores its
             # tables before it resumes them: resuming now would let records reach half-restored state.
             self.log.warning("Another rebalance began during the seek: streams stay paused for its recovery")

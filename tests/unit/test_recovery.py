@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import IllegalStateError
 from faust.tables.recovery import ServiceStopped
 from faust.types import TP
 
@@ -122,6 +123,64 @@ async def test_a_rebalance_that_begins_during_the_seek_leaves_the_streams_paused
     consumer = RebalancingConsumer(svc.traces.changelog_topic.get_topic_name(), svc.app)
     svc.app.consumer = consumer
     assert await recovery._seek_then_resume_streams() is False
+    assert "resume" not in [name for name, _ in consumer.calls]
+    assert TP("agent-events", 0) in consumer.paused
+
+
+class SignalledDuringSeekConsumer(RecordingConsumer):
+    """The next assignment arrives while the seek waits on the broker: Faust's `on_rebalance` sets
+    `signal_recovery_start`, so the seek's `_wait` raises `RebalanceAgain`."""
+
+    def __init__(self, changelog_topic: str, recovery: SeekThenResumeRecovery) -> None:
+        super().__init__(changelog_topic)
+        self.recovery = recovery
+
+    async def perform_seek(self) -> None:
+        self.recovery.app.rebalancing_count += 1
+        self.recovery.signal_recovery_start.set()
+        await asyncio.sleep(0.05)  # the broker round trip
+
+
+class RevokedDuringSeekConsumer(RebalancingConsumer):
+    """The stream partition left the assignment before it is sought to its beginning."""
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        raise IllegalStateError(f"No current assignment for partition {partition}")
+
+
+class EmptiedDuringSeekConsumer(RecordingConsumer):
+    """The new assignment is empty when the committed offsets are looked up (aiokafka asserts)."""
+
+    def __init__(self, changelog_topic: str, app: Any) -> None:
+        super().__init__(changelog_topic)
+        self.app = app
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self.app.rebalancing_count += 1
+        raise AssertionError("No partitions are currently assigned")
+
+
+@pytest.mark.parametrize("case", ["signalled", "revoked", "emptied"])
+async def test_a_seek_that_fails_because_another_rebalance_began_does_not_stop_the_worker(case: str) -> None:
+    """Review (thirtieth round): every exception of the seek but `ServiceStopped` stopped the worker
+    (exit 70), also Faust's `RebalanceAgain` and aiokafka's `IllegalStateError`, which Faust's recovery
+    loop reads as "another rebalance began" and moves on to its recovery. Workers joining a few
+    seconds apart are enough. Now the streams stay paused for that recovery, as when the rebalance
+    begins without making the seek fail."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    changelog = svc.traces.changelog_topic.get_topic_name()
+    consumer = {
+        "signalled": lambda: SignalledDuringSeekConsumer(changelog, recovery),
+        "revoked": lambda: RevokedDuringSeekConsumer(changelog, svc.app),
+        "emptied": lambda: EmptiedDuringSeekConsumer(changelog, svc.app),
+    }[case]()
+    svc.app.consumer = consumer
+    assert await recovery._seek_then_resume_streams() is False
+    assert reasons == []
     assert "resume" not in [name for name, _ in consumer.calls]
     assert TP("agent-events", 0) in consumer.paused
 
