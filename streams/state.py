@@ -214,6 +214,9 @@ class ClaimMessage(BaseModel):
     arrived: ClaimArrived
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
     source_partition: int = Field(0, description="Input partition the claim came from (expiry watermark).")
+    redelivered: bool = Field(
+        False, description="Stage 1 applied this input before: the claim stage re-emits, never re-applies."
+    )
 
 
 class CalibrationSubject(BaseModel):

@@ -470,13 +470,17 @@ def apply_claim(
     cfg: ClaimsConfig,
     facts: FactsLoader | None = None,
     touched_at: datetime | None = None,
+    redelivered: bool = False,
 ) -> ClaimUpdate:
     """Apply claim X to the graph: X's interval and every dependent's, all as of X's event time.
 
     A re-delivered input (its event id already applied to X) returns X's remembered score and no
     node changes (DESIGN 4b: a re-delivered CLAIM re-emits its own CLAIM_SCORED only). `facts`, if
     given, answers for neighbours this input does not otherwise load. `touched_at` (default: the
-    event time) is what the nodes it changes count their expiry from.
+    event time) is what the nodes it changes count their expiry from. `redelivered`: the caller knows
+    the input was applied before (stage 1 remembers every input of a live trace); if X no longer
+    remembers its score (more than `max_remembered_events` later inputs, or X expired), nothing is
+    emitted or changed: applying it again would put an old version of X back over newer ones.
     """
     graph = _Graph(load, cfg, facts)
     new = arrived.definition
@@ -485,6 +489,8 @@ def apply_claim(
     current = graph.get(me)
     if current is not None and arrived.source_event_id in current.applied:
         return ClaimUpdate(scores=(current.applied[arrived.source_event_id],))
+    if redelivered:
+        return ClaimUpdate()
     old = None if current is None else current.definition
     graph.put(me, _touch(current, touched).model_copy(update={"definition": new}))
     _reindex(graph, old, new, touched)

@@ -35,11 +35,19 @@ __all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
 
 
 def claim_message(
-    settings: Settings, tenant_id: str, arrived: claim_graph.ClaimArrived, source: InputRecord
+    settings: Settings,
+    tenant_id: str,
+    arrived: claim_graph.ClaimArrived,
+    source: InputRecord,
+    redelivered: bool = False,
 ) -> Record:
     """The record that carries a CLAIM input from stage 1 to the claim stage (key and partition: tenant)."""
     value = ClaimMessage(
-        tenant_id=tenant_id, arrived=arrived, received_at=source.timestamp, source_partition=source.partition
+        tenant_id=tenant_id,
+        arrived=arrived,
+        received_at=source.timestamp,
+        source_partition=source.partition,
+        redelivered=redelivered,
     )
     return Record(
         settings.claims_topic,
@@ -133,6 +141,7 @@ class ClaimStage:
                 # Expiry counts from the clock's bound: a mistyped far-future date would otherwise keep
                 # the claim and every neighbour it touches for ever.
                 touched_at=self.clock.bounded(message.arrived.event_time),
+                redelivered=message.redelivered,
             )
         except claim_graph.GraphTooComplex as exc:
             letter = DeadLetter(record.value or b"", "claim_graph_too_complex", "GraphTooComplex", str(exc))

@@ -321,11 +321,13 @@ class TraceStage:
         self._send_claim(event, record, out)
         return changes, []
 
-    def _send_claim(self, event: ClaimEvent, record: InputRecord, out: Outputs) -> None:
+    def _send_claim(
+        self, event: ClaimEvent, record: InputRecord, out: Outputs, redelivered: bool = False
+    ) -> None:
         arrived = claim_graph.ClaimArrived(
             definition=claim_definition(event), source_event_id=event.event_id, event_time=event.timestamp
         )
-        out.forward(claim_message(self.settings, event.tenant_id, arrived, record))
+        out.forward(claim_message(self.settings, event.tenant_id, arrived, record, redelivered))
 
     def _forward(
         self,
@@ -343,7 +345,9 @@ class TraceStage:
                 event = event.model_copy(update={"timestamp": first})
             self._send_pending(self._pending(event, record).model_copy(update={"redelivered": True}), out)
         elif isinstance(event, ClaimEvent):
-            self._send_claim(event, record, out)
+            # Marked, so the claim stage never applies it again, even where the claim has forgotten
+            # it (more than `max_remembered_events` later inputs of the claim).
+            self._send_claim(event, record, out, redelivered=True)
 
     def expired(self, state: TraceState) -> bool:
         """Idle longer than the trace TTL, measured against its partition's newest event time."""

@@ -225,3 +225,38 @@ def test_redelivered_claim_re_emits_its_own_output_only(kafka: RunningBroker) ->
     own = [o for o in b_outputs if o["claim_id"] == "B"]
     assert own[0]["event_id"] == own[1]["event_id"] and own[0]["interval"] == own[1]["interval"]
     assert len(again) == 4 and len({o["event_id"] for o in again}) == 3
+
+
+def test_a_claim_redelivered_after_its_claim_forgot_it_changes_nothing(kafka: RunningBroker) -> None:
+    """A claim remembers its last 64 inputs' scores (`max_remembered_events`). Before the thirtieth
+    round, X's first version re-delivered after 64 later versions of X was applied again: X and Y
+    re-emitted, and X contradicting Y again, so a later supporter of Y read Y penalised."""
+    f = EventFactory(tenant="forgotten")
+    y = f.claim("fg-trace", "Y")
+    contradicts_y = [{"type": "contradicts", "target": "Y", "strength": 1.0}]
+    x0 = f.claim("fg-trace", "X", minutes=1, relationships=contradicts_y)
+    later = [
+        f.claim("fg-trace", "X", minutes=1 + i, provenance=[{"source_type": "agent", "confidence": 0.5}])
+        for i in range(1, 65)
+    ]
+    d = deploy(kafka, partitions=1)
+    d.start_worker()
+    try:
+        _produce_and_wait(d, [y, x0, *later], 1 + 2 + 64)
+        d.produce([x0])  # its producer retries, after X moved on
+        # A marker after it (one partition, one worker: its outputs follow every output the
+        # re-delivery caused, see the test above): Z supports Y, so it re-scores Y as of now.
+        z = f.claim(
+            "fg-trace", "Z", minutes=70, relationships=[{"type": "supports", "target": "Y", "strength": 1.0}]
+        )
+        d.produce([z])
+        records = d.collect(count_of("CLAIM_SCORED", 2, d.settings.scored_topic, {z["event_id"]}), 120)
+    finally:
+        d.stop()
+    outputs = [o for o in d.outputs(records) if o["event_type"] == "CLAIM_SCORED"]
+    assert Counter(o["claim_id"] for o in outputs if o["source_event_id"] == x0["event_id"]) == {
+        "X": 1,
+        "Y": 1,
+    }
+    y_now = next(o for o in outputs if o["source_event_id"] == z["event_id"] and o["claim_id"] == "Y")
+    assert y_now["interval"]["factors"]["contradiction_penalty"] == 1.0, y_now["interval"]

@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry
 from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.scoring import evidence
+from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, TraceStage
+from streams.stages.claims import ClaimStage
 from streams.stages.common import Outputs
 from streams.state import CalibrationItem, TraceState
 
@@ -188,3 +190,65 @@ def test_a_late_event_never_moves_a_traces_last_event_time_back() -> None:
         store.update(states)
     (state,) = store.values()
     assert state.last_event_time == datetime(2026, 11, 22, 12, tzinfo=UTC)
+
+
+def test_a_claim_redelivered_after_its_claim_forgot_it_changes_nothing() -> None:
+    """Review (thirtieth round): a claim remembers its last 64 inputs' scores. X's first version,
+    re-delivered after 64 later versions of X, was applied again: X went back to the first version
+    (contradicting Y again) and X and Y were re-emitted with new scores; a later supporter of Y then
+    read Y penalised (0.82). Stage 1 remembers every input of a live trace and now marks the
+    re-delivery, and the claim stage never applies a marked input."""
+    settings = load_settings()
+    configs = scoring_configs(settings)
+    trace = TraceStage(settings, configs, metrics.create(CollectorRegistry()))
+    claims = ClaimStage(settings, configs, metrics.create(CollectorRegistry()))
+    traces: dict[bytes, TraceState] = {}
+    nodes: dict[bytes, ClaimNode] = {}
+
+    def run(offset: int, event_id: str, minute: int, **fields: Any) -> list[dict[str, Any]]:
+        body = {
+            **BASE,
+            "event_type": "CLAIM",
+            "event_id": event_id,
+            "timestamp": f"2026-11-22T{10 + minute // 60:02d}:{minute % 60:02d}:00Z",
+            "statement": "s",
+            "tier": "task",
+            **fields,
+        }
+        body.pop("tool"), body.pop("status")
+        sent, states = trace.process(
+            [InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(body))], traces.get
+        )
+        traces.update(states)
+        forwarded = [
+            InputRecord(r.topic, r.partition or 0, 0, 1.0, r.value)
+            for r in sent
+            if r.topic == settings.claims_topic
+        ]
+        out, writes = claims.process(forwarded, nodes.get)
+        nodes.update({key: write.node for key, write in writes.items()})
+        return [orjson.loads(r.value) for r in [*sent, *out] if r.topic == settings.scored_topic]
+
+    def provenance(confidence: float) -> list[dict[str, Any]]:
+        return [{"source_type": "agent", "confidence": confidence}]
+
+    contradicts_y = [{"type": "contradicts", "target": "Y", "strength": 1.0}]
+    run(0, "y", 0, claim_id="Y", provenance=provenance(0.8))
+    first = run(1, "x0", 1, claim_id="X", provenance=provenance(0.9), relationships=contradicts_y)
+    assert [o["claim_id"] for o in first] == ["X", "Y"]
+    for i in range(1, 65):
+        run(1 + i, f"x{i}", 1 + i, claim_id="X", provenance=provenance(0.5))
+    before = dict(nodes)
+
+    assert run(1, "x0", 1, claim_id="X", provenance=provenance(0.9), relationships=contradicts_y) == []
+    assert nodes == before
+    supporter = run(
+        66,
+        "z",
+        70,
+        claim_id="Z",
+        provenance=provenance(0.6),
+        relationships=[{"type": "supports", "target": "Y", "strength": 1.0}],
+    )
+    y = next(o for o in supporter if o["claim_id"] == "Y")
+    assert y["interval"]["factors"]["contradiction_penalty"] == 1.0
