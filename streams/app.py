@@ -157,6 +157,12 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         web_enabled=True,
         web_host=settings.web_host,
         web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        table_standby_replicas=settings.table_standby_replicas,
+        # Faust reads its own environment variables over these arguments (PRODUCER_MAX_BATCH_SIZE,
+        # CONSUMER_AUTO_OFFSET_RESET, ...), past streams/config.py's validation: one set for another
+        # purpose could skip existing input or stop the worker. Every setting comes from `settings`.
+        env={},
         broker_session_timeout=settings.broker_session_timeout_seconds,
         broker_heartbeat_interval=settings.broker_heartbeat_interval_seconds,
         broker_rebalance_timeout=settings.broker_rebalance_timeout_seconds,

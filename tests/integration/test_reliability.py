@@ -231,6 +231,25 @@ def _public_topics_only(kafka: RunningBroker, **extra: str) -> Deployment:
     return Deployment(kafka, "", settings, env, env["DATA_DIR"])
 
 
+def test_faust_environment_variables_of_its_own_do_not_reach_the_worker(kafka: RunningBroker) -> None:
+    """A deployment's environment can hold a variable Faust reads (here left by another Faust app).
+    Before the thirtieth round it overrode the worker's own setting past streams/config.py:
+    `APP_WEB_ENABLED=false` left the worker without /healthz, /readyz, /metrics and views. (`latest` is
+    harmless to the input: recovery seeks partitions without a committed offset to their beginning.)"""
+    d = deploy(kafka, partitions=1)
+    events = [EventFactory(tenant="faust-env").response(f"fe-{i}", minutes=i) for i in range(5)]
+    ids = {e["event_id"] for e in events}
+    d.produce(events)  # before the worker's group exists
+    d.start_worker(CONSUMER_AUTO_OFFSET_RESET="latest", APP_WEB_ENABLED="false")
+    try:
+        records = _collect_all(d, ids)
+        status, body = health(d.web_ports[0], "/readyz")
+    finally:
+        d.stop()
+    assert ids <= set(_own_outputs(d, records))
+    assert (status, body["status"]) == (200, "ready")
+
+
 def test_worker_creates_missing_internal_topics(kafka: RunningBroker) -> None:
     """A platform team created only the four public topics (1 partition) and no internal ones."""
     d = _public_topics_only(kafka)

@@ -30,7 +30,7 @@ def test_a_view_asked_of_either_worker_answers_for_every_trace(kafka: RunningBro
     traces = [f"route-{i}" for i in range(12)]
     try:
         for host in HOSTS:
-            # WEB_HOST is the address the worker advertises; WEB_BIND (Faust's setting) the one it listens on.
+            # WEB_HOST is the address the worker advertises; WEB_BIND the one it listens on.
             # No standby copies (Faust keeps one by default): a worker would answer a misrouted view
             # from its copy of the other's partition, and the test could not tell routing from that.
             d.start_worker(WEB_HOST=host, WEB_BIND=host, WEB_PORT=str(port), TABLE_STANDBY_REPLICAS="0")

@@ -34,6 +34,16 @@ def test_another_binary_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         tansu_binary()
 
 
+def test_a_machine_without_a_pinned_binary_is_told_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only x86_64's binary was pinned: an arm64 machine was told its (genuine) binary was not it."""
+    assert harness.TANSU_SHA256_BY_MACHINE.keys() == {"x86_64", "aarch64"}
+    monkeypatch.setattr(harness, "TANSU_SHA256", "")
+    with pytest.raises(
+        RuntimeError, match=r"no Tansu binary is pinned for this machine.*KAFKA_BOOTSTRAP_SERVERS"
+    ):
+        tansu_binary()
+
+
 def test_a_broker_that_exits_at_once_is_reported_at_once() -> None:
     """A broker that could not start (a taken port, bad flags) cost the whole 60 s timeout."""
     process = subprocess.Popen(["sh", "-c", "exit 3"])

@@ -50,6 +50,10 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("CALIBRATION_WINDOW_HOURS", "0.5"),  # hourly buckets: under 1 counted nothing
         ("HISTORY_RETENTION_HOURS", "12"),  # under the 24 h window: it would silently shorten it
         ("STALENESS_HALF_LIFE_TASK_HOURS", "1e-10"),  # a zero timedelta: stage 3 divided by it (review)
+        # Under the default PRODUCER_MAX_BATCH_BYTES (262,144): bundles that large were sent (review).
+        ("MAX_RECORD_BYTES", "100000"),
+        ("PRODUCER_LINGER_MS", "60000"),  # a batch lingering to SEND_TIMEOUT_SECONDS stopped the worker
+        ("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092,"),  # Faust was handed an empty address
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -325,3 +329,43 @@ def test_demo_names_a_setting_mistake_before_starting_a_broker(
     monkeypatch.setenv("TRACE_TTL_HOURS", "soon")
     assert main(["demo"]) == 2
     assert "TRACE_TTL_HOURS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "ours"),
+    [
+        ("PRODUCER_MAX_BATCH_SIZE", "5000000", "producer_max_batch_size", 262_144),  # a broker refuses it
+        ("CONSUMER_AUTO_OFFSET_RESET", "latest", "consumer_auto_offset_reset", "earliest"),  # skips input
+        ("TABLE_CLEANUP_INTERVAL", "0.5", "table_cleanup_interval", 60.0),  # SWEEP_INTERVAL_SECONDS
+        ("BROKER_SESSION_TIMEOUT", "0.5", "broker_session_timeout", 10.0),  # below the heartbeat
+        ("RECOVERY_CONSISTENCY_CHECK", "n", "recovery_consistency_check", False),  # Faust: TypeError
+    ],
+)
+def test_faust_reads_no_environment_variable_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, field: str, ours: object
+) -> None:
+    """Review (thirtieth round): Faust read its own variables over the app's arguments, past this
+    module's validation (`RECOVERY_CONSISTENCY_CHECK=n` passed it, then Faust raised a TypeError)."""
+    from streams.app import create_app
+
+    monkeypatch.setenv(name, value)
+    assert getattr(create_app(load_settings()).app.conf, field) == ours
+
+
+def test_faust_settings_a_deployment_changes_are_settings_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.app import create_app
+
+    monkeypatch.setenv("WEB_BIND", "127.0.0.2")
+    monkeypatch.setenv("TABLE_STANDBY_REPLICAS", "0")
+    conf = create_app(load_settings()).app.conf
+    assert (conf.web_bind, conf.table_standby_replicas) == ("127.0.0.2", 0)
+    monkeypatch.setenv("TABLE_STANDBY_REPLICAS", "-1")
+    with pytest.raises(ValidationError, match="table_standby_replicas"):
+        load_settings()
+
+
+def test_an_empty_broker_address_is_the_default_as_the_harness_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", " ")
+    assert load_settings().kafka_bootstrap_servers == "localhost:9092"
