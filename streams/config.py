@@ -270,8 +270,8 @@ class Settings(BaseSettings):
         description="How long an outcome waits for its score before it counts as unmatched.",
     )
     # A subject's entry (its score, the outcomes applied to it, those waiting for it) is one changelog
-    # record: with ids at their longest (ID_MAX_CHARS of 4-byte characters) 48 waiting outcomes stay
-    # under Apache Kafka's 1 MB record limit. More outcomes for one response, trace or claim are dropped.
+    # record; this caps the work per subject, and its bytes are checked against MAX_RECORD_BYTES (ids
+    # of escaped characters, 6 bytes each in JSON, made 48 outcomes 1.2 MB). More are dropped.
     calibration_max_outcomes_per_subject: int = Field(
         32,
         ge=1,

@@ -29,6 +29,7 @@ from streams.stages.common import (
     InputRecord,
     Outputs,
     Record,
+    ValueBound,
     is_flagged,
     now,
     tenant_partition,
@@ -132,6 +133,24 @@ def _plus(
     return {**actions, action: one if current is None else current.plus(one)}
 
 
+def _entry_size_bound(key: bytes, entry: SubjectEntry) -> int:
+    """An upper bound of a subject entry's record size, without encoding it: every character of its
+    ids as JSON's longest escape (6 bytes) and a generous allowance for each item's other fields."""
+    chars = sum(map(len, entry.applied))
+    for outcome in entry.waiting:
+        ids = (
+            outcome.event_id,
+            outcome.tenant_id,
+            outcome.trace_id,
+            outcome.subject_event_id,
+            outcome.claim_id,
+        )
+        chars += sum(len(i) for i in ids if i is not None)
+    if (subject := entry.subject) is not None:
+        chars += sum(len(s) for s in (subject.subject_id, subject.model, subject.agent_type) if s is not None)
+    return len(key) + 6 * chars + 512 * (2 + len(entry.applied) + len(entry.waiting))
+
+
 class _Batch:
     """One item's view of the three tables: its own writes win over the batch's, which win over stored
     ones. Its writes join the batch's only once the whole item is handled (`commit`): an item that
@@ -141,9 +160,9 @@ class _Batch:
         self,
         load: Callable[[Table, bytes], BaseModel | None],
         dirty: dict[bytes, CalibrationWrite],
-        partition: int,
+        record: InputRecord,
     ) -> None:
-        self._load, self._dirty, self.partition = load, dirty, partition
+        self._load, self._dirty, self.record, self.partition = load, dirty, record, record.partition
         self._written: dict[bytes, CalibrationWrite] = {}
 
     def _get(self, table: Table, key: bytes) -> BaseModel | None:
@@ -185,6 +204,16 @@ class CalibrationStage:
             timedelta(hours=settings.event_time_max_ahead_hours), settings.expiry_source_idle_seconds
         )
         self.window = timedelta(hours=settings.calibration_window_hours)
+        # A subject's entry is one changelog record. CALIBRATION_MAX_OUTCOMES_PER_SUBJECT bounds its
+        # outcomes by count; ids of escaped characters (6 bytes each in JSON) can still make 48 of them
+        # 1.2 MB, and MAX_RECORD_BYTES may be set far lower: the entry's bytes are checked too.
+        self.entry_bound = ValueBound(
+            settings.max_record_bytes,
+            "MAX_RECORD_BYTES",
+            "the subject's calibration entry",
+            "oversized_output",
+            "OversizedOutput",
+        )
         # Every group whose gauges this process set, (tenant, dimension, value, kind), with its series'
         # labels, until it expires or its tenant's partition moves away (`forget_groups_outside`).
         self._exported: SharedSeries[tuple[str, str, str, str]] = SharedSeries()
@@ -217,7 +246,7 @@ class CalibrationStage:
             out.guarded(
                 record,
                 "calibration stage",
-                lambda r, item=item: self._item(message, item, _Batch(load, dirty, r.partition), out),
+                lambda r, item=item: self._item(message, item, _Batch(load, dirty, r), out),
                 dead_value=lambda item=item: (
                     message.model_copy(update={"items": [item]}).model_dump_json().encode()
                 ),
@@ -264,7 +293,7 @@ class CalibrationStage:
         if unmatched:
             out.meter(partial(self.metrics.outcomes_unmatched.inc, unmatched))
         counted = self._counted(entry, joined)
-        batch.write("subjects", key, SubjectEntry(subject=subject, waiting=tuple(waiting), **counted))
+        self._write_entry(key, SubjectEntry(subject=subject, waiting=tuple(waiting), **counted), batch)
 
     def _outcome(
         self, tenant: str, outcome: OutcomeEvent, received_at: float, batch: _Batch, out: Outputs
@@ -288,6 +317,14 @@ class CalibrationStage:
             self._apply(tenant, entry.subject, outcome, batch, received_at, out)
             out.meter(self.metrics.child(self.metrics.outcomes, "matched").inc)
             entry = entry.model_copy(update=self._counted(entry, [outcome]))
+        self._write_entry(key, entry, batch)
+
+    def _write_entry(self, key: bytes, entry: SubjectEntry, batch: _Batch) -> None:
+        """Write a subject's entry, or refuse the item (dead-lettered, nothing counted) if the entry
+        would be a record over MAX_RECORD_BYTES: the broker would refuse it at every restart."""
+        self.entry_bound.checked(
+            _entry_size_bound(key, entry), lambda: len(key) + len(entry.model_dump_json()), batch.record
+        )
         batch.write("subjects", key, entry)
 
     # A far-future event time (a mistyped year) counts as the expiry clock's bound: stored as it is, it

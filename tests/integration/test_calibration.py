@@ -481,3 +481,33 @@ def test_one_calibration_item_that_fails_is_dead_lettered_alone(kafka: RunningBr
         assert second.alive()
     finally:
         d.stop()
+
+
+def test_an_outcome_that_would_make_its_subjects_entry_too_large_is_dead_lettered(
+    kafka: RunningBroker,
+) -> None:
+    """A subject's entry (its score, its outcomes) is one changelog record. Only the count of outcomes
+    bounded it: ids of escaped characters (6 bytes each in JSON) grew it past MAX_RECORD_BYTES, a record
+    a broker enforcing that limit refuses at every restart (Tansu does not enforce it, so this test
+    sees the dead letters, not the stop). Before the thirtieth round there were none."""
+    d = deploy(kafka, partitions=1, MAX_RECORD_BYTES="200000", PRODUCER_MAX_BATCH_BYTES="200000")
+    f = EventFactory(tenant="cal-big")
+    escaped = "\x01" * 1000
+    outcomes = [
+        f.outcome(escaped, 1, event_id=f"{escaped}{i:04d}", subject_event_id=escaped, correct=True)
+        for i in range(20)
+    ]
+    d.start_worker()
+    try:
+        d.produce(outcomes)
+
+        def every_outcome_waits_or_is_dead(records: list[Consumed]) -> bool:
+            letters = sum(r.topic == d.settings.dlq_topic for r in records)
+            return letters > 0 and letters + metric(d, "confidence_outcomes_total", status="waiting") == 20
+
+        records = d.collect(every_outcome_waits_or_is_dead)
+    finally:
+        d.stop()
+    letters = [dict(r.headers) for r in records if r.topic == d.settings.dlq_topic]
+    assert {h["__connect.errors.reason"] for h in letters} == {b"oversized_output"}
+    assert 5 <= 20 - len(letters) < 20  # about 200,000 / 18,500 bytes of outcomes wait

@@ -22,6 +22,7 @@ from streams.stages.calibration import (
     CalibrationWrite,
     Dimension,
     Table,
+    _entry_size_bound,
     group_key,
     hour_key,
     subject_key,
@@ -36,6 +37,7 @@ from streams.state import (
     HourBucket,
     SubjectEntry,
 )
+from tests.unit.stage_records import dead
 
 # Recent: the stage bounds event times at the wall clock plus EVENT_TIME_MAX_AHEAD_HOURS.
 START = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
@@ -584,3 +586,68 @@ def test_counted_outcome_ids_leave_once_no_newer_score_could_join_them() -> None
     assert w.stage.subject_sweep_after(key, kept)[1] == START + timedelta(minutes=-3 * DAY + 70)
     _swept(w, -3 * DAY + 71)
     assert key not in w.tables
+
+
+ESCAPED = "\x01"  # 6 bytes in JSON (\u0001): an id of them is the longest an id encodes to
+
+
+def _long_outcome(i: int) -> CalibrationItem:
+    """An outcome whose ids are at their longest, encoded: 1,024 escaped characters each."""
+    item = _outcome(ESCAPED * 1020 + f"{i:04d}", ESCAPED * 1024, 1)
+    assert item.outcome is not None
+    return item.model_copy(update={"outcome": item.outcome.model_copy(update={"trace_id": ESCAPED * 1024})})
+
+
+def test_a_subject_entry_never_grows_past_max_record_bytes() -> None:
+    """Review (thirtieth round): only the count of outcomes bounded a subject's entry. Ids of escaped
+    characters made 48 waiting outcomes (the setting's maximum) a 1.2 MB changelog record, which a
+    broker refuses at every restart; a lower MAX_RECORD_BYTES was passed by far fewer. An outcome that
+    would take the entry past it is dead-lettered now (oversized_output) and counted nowhere."""
+    worker = _Worker(
+        calibration_max_outcomes_per_subject=48, max_record_bytes=200_000, producer_max_batch_bytes=200_000
+    )
+    reasons = []
+    for i in range(48):
+        records, _ = worker.feed(_long_outcome(i))
+        reasons += [reason for _, reason in dead(records)]
+    key = subject_key(TENANT, "response", ESCAPED * 1024)
+    entry = worker.tables[key]
+    assert isinstance(entry, SubjectEntry)
+    size = len(key) + len(entry.model_dump_json())
+    assert size <= 200_000
+    assert len(entry.waiting) + len(reasons) == 48 and 8 <= len(entry.waiting) < 48
+    assert set(reasons) == {b"oversized_output"}
+    assert worker.outcomes("waiting") == len(entry.waiting)
+
+
+def test_the_entry_size_estimate_is_never_below_the_encoded_size() -> None:
+    """The exact size is computed only once the estimate passes a quarter of the bound: it must be an
+    upper bound for every kind of id (escaped, 4-byte, plain) and every part of an entry."""
+    for char in (ESCAPED, "\U0010ffff", "é", "a", '"'):
+        long_id = char * 1024
+        subject = CalibrationSubject(
+            subject_type="claim",
+            subject_id=long_id,
+            event_time=START,
+            scores={"response": 0.5, "composite": 0.25, "evidence": 1.0, "claim": 0.125},
+            action="reject",
+            model=long_id,
+            agent_type=long_id,
+        )
+        outcomes = []
+        for i in range(3):
+            item = _outcome(char * 1020 + f"{i:04d}", long_id, 1)
+            assert item.outcome is not None
+            outcomes.append(
+                item.outcome.model_copy(update={"trace_id": long_id, "tenant_id": long_id, "claim_id": None})
+            )
+        for entry in (
+            SubjectEntry(),
+            SubjectEntry(subject=subject),
+            SubjectEntry(waiting=tuple(outcomes)),
+            SubjectEntry(
+                subject=subject, applied=(long_id, long_id), applied_until=START, waiting=tuple(outcomes)
+            ),
+        ):
+            key = subject_key(long_id, "claim", long_id)
+            assert _entry_size_bound(key, entry) >= len(key) + len(entry.model_dump_json()), (char, entry)
