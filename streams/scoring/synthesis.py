@@ -10,6 +10,7 @@ Choices where the contract is silent:
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -207,7 +208,9 @@ def _conflicts(claims: Sequence[TraceClaim], cfg: SynthesisConfig) -> tuple[Conf
         for id_b, words_b, neg_b in parsed[i + 1 :]:
             if id_a != id_b and neg_a != neg_b and len(words_a & words_b) >= 2:
                 offer(id_a, id_b, cfg.heuristic_conflict_severity, "heuristic")
-    return tuple(c for c in best.values() if round(c.severity, 9) >= cfg.conflict_threshold)
+    # Sorted by pair: `best` keeps the order pairs were first offered, which follows claim arrival.
+    kept = (c for c in best.values() if round(c.severity, 9) >= cfg.conflict_threshold)
+    return tuple(sorted(kept, key=lambda c: (c.claim_a, c.claim_b)))
 
 
 def synthesize(
@@ -215,7 +218,7 @@ def synthesize(
 ) -> SynthesisResult:
     """Score each source, filter at MinConfidence, weight by content length, detect conflicts, warn."""
     sources = []
-    weighted_sum = total_length = 0.0
+    weighted: list[float] = []  # confidence x length of each included source
     for sub in sub_results:
         confidence = source_confidence(sub, cfg)
         included = round(confidence, 9) >= cfg.min_confidence
@@ -226,13 +229,13 @@ def synthesize(
             )
         )
         if included:
-            weighted_sum += confidence * length
-            total_length += length
+            weighted.append(confidence * length)
     included_scores = [s.confidence for s in sources if s.included]
-    if total_length:
-        overall = weighted_sum / total_length
+    # fsum: exactly rounded, so the score does not depend on the order the sub calls arrived in.
+    if total_length := sum(s.content_length for s in sources if s.included):
+        overall = math.fsum(weighted) / total_length
     elif included_scores:  # every included source is empty: weights all 0, as Weighted() falls back
-        overall = sum(included_scores) / len(included_scores)
+        overall = math.fsum(included_scores) / len(included_scores)
     else:
         overall = 0.0
     conflicts = _conflicts(claims, cfg)

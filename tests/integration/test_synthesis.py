@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,47 @@ def test_synthesis_filters_and_reports_conflicts(kafka: RunningBroker) -> None:
         ("z1", "z2", "heuristic"),
     ]
     assert out2["warnings"] == ["4 conflicts detected between sources. Review carefully."]
+
+
+def test_the_same_sub_calls_and_claims_in_another_order_give_the_same_synthesis(kafka: RunningBroker) -> None:
+    """Review (thirtieth round): the overall score was summed in arrival order (last bits differed) and
+    conflicts were listed in claim arrival order. Two traces with the same inputs, reversed."""
+    d = deploy(kafka, partitions=1)
+    f = EventFactory(tenant="synth-order")
+    subs = [
+        ("s0", "The retry limit is 3.", [-0.1]),
+        ("s2", "## Result\n- limit: 3\n- verified", None),
+        ("s4", "Perhaps it could be 4", [-2.0]),
+    ]
+    pairs = [("k1", "k2"), ("k3", "k4")]
+
+    def trace(name: str, reverse: bool) -> list[dict[str, Any]]:
+        inputs = (
+            [
+                f.response(name, role="sub_call", sub_call_id=sub, response=text, token_logprobs=logprobs)
+                for sub, text, logprobs in subs
+            ]
+            + [
+                f.claim(name, a, relationships=[{"type": "contradicts", "target": b, "strength": 0.9}])
+                for a, b in pairs
+            ]
+            + [f.claim(name, b) for _, b in pairs]
+        )
+        ordered = inputs[::-1] if reverse else inputs
+        return [*ordered, f.response(name, minutes=1, role="synthesis", response="Combined.")]
+
+    forward, backward = trace("order-a", False), trace("order-b", True)
+    ids = {forward[-1]["event_id"], backward[-1]["event_id"]}
+    d.start_worker()
+    try:
+        d.produce(forward + backward)
+        records = d.collect(count_of("SYNTHESIS_SCORED", 2, d.settings.scored_topic, ids))
+    finally:
+        d.stop()
+    (a,) = [o for o in d.outputs(records) if o["source_event_id"] == forward[-1]["event_id"]]
+    (b,) = [o for o in d.outputs(records) if o["source_event_id"] == backward[-1]["event_id"]]
+    assert a["overall_confidence"] == b["overall_confidence"]
+    assert (
+        a["conflicts"] == b["conflicts"] and [(c["claim_a"], c["claim_b"]) for c in a["conflicts"]] == pairs
+    )
+    assert sorted(s["sub_call_id"] for s in a["sources"]) == sorted(s["sub_call_id"] for s in b["sources"])
