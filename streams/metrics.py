@@ -20,11 +20,19 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class LabelCap:
-    """Keeps at most `cap` distinct values per label; later newcomers are reported as `other`."""
+    """Keeps at most `cap` distinct values per label; later newcomers are reported as `other`.
+
+    Values capped label by label still multiply: (tenant, model, endpoint) could make 101^3 series,
+    about 4.4 KB of memory each in this process and on every scrape. `combination` caps the label
+    sets of such a family at `COMBINATIONS_PER_CAP` x `cap`; newer sets share the all-`other` series.
+    """
+
+    COMBINATIONS_PER_CAP = 10
 
     def __init__(self, cap: int) -> None:
         self._cap = cap
         self._seen: dict[str, set[str]] = {}
+        self._combinations: dict[str, set[tuple[str, ...]]] = {}
 
     def __call__(self, label: str, value: str) -> str:
         seen = self._seen.setdefault(label, set())
@@ -34,6 +42,16 @@ class LabelCap:
             return OTHER
         seen.add(value)
         return value
+
+    def combination(self, family: str, values: tuple[str, ...]) -> tuple[str, ...]:
+        """`values` (each already capped), or all `other` once `family` has its share of label sets."""
+        seen = self._combinations.setdefault(family, set())
+        if values in seen:
+            return values
+        if len(seen) >= self.COMBINATIONS_PER_CAP * self._cap:
+            return (OTHER,) * len(values)
+        seen.add(values)
+        return values
 
     def has(self, label: str, value: str) -> bool:
         """Whether `value` has a place of its own (its series is not `other`); takes no place."""

@@ -538,10 +538,13 @@ class AgentStage:
         """Metrics of one scored response; `recent` = (responses, met) of the agent's last window."""
         m = self.metrics
         event = pending.event
-        labels = (
-            m.labels("tenant", event.tenant_id),
-            m.labels("model", event.model),
-            m.labels("endpoint", event.endpoint),
+        labels = m.labels.combination(
+            "response",
+            (
+                m.labels("tenant", event.tenant_id),
+                m.labels("model", event.model),
+                m.labels("endpoint", event.endpoint),
+            ),
         )
         if pending.confidence is None:
             if self.configs.response.enabled:

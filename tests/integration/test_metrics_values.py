@@ -7,6 +7,7 @@ and the expected values (gauges, the order in which label values meet the cap) a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -210,6 +211,41 @@ def test_metric_values_after_known_traffic(kafka: RunningBroker) -> None:
         }
     finally:
         d.stop()
+
+
+def test_response_label_sets_beyond_ten_times_the_cap_share_the_all_other_series(
+    kafka: RunningBroker,
+) -> None:
+    """Tenant, model and endpoint were capped one by one: their sets multiplied (101^3 series at the
+    default cap). With a cap of 2, 27 sets are possible; 20 keep their own series (thirtieth round)."""
+    d = deploy(kafka, partitions=1, METRICS_LABEL_CAP="2")
+    f = EventFactory()
+    combinations = list(itertools.product("abc", "abc", "abc"))
+    events = [
+        f.response(
+            f"sets-{n}",
+            minutes=n,
+            tenant_id=f"t-{t}",
+            model=f"m-{m}",
+            endpoint=f"/e-{e}",
+            token_logprobs=[-0.1],
+        )
+        for n, (t, m, e) in enumerate(combinations)
+    ]
+    d.start_worker()
+    try:
+        d.produce(events)
+        d.collect(_outputs_seen(d, {"RESPONSE_SCORED": len(events)}, 0))
+
+        def counted() -> dict[Labels, float]:
+            return _scrape(d.web_ports[0]).get("llm_confidence_histogram_count", {})
+
+        series = poll(counted, lambda got: sum(got.values()) == len(events), 60, 0.2)
+    finally:
+        d.stop()
+    assert sum(series.values()) == len(events)
+    assert len(series) == 2 * 10 + 1
+    assert series[(("endpoint", "other"), ("model", "other"), ("tenant", "other"))] >= len(events) - 20
 
 
 def test_label_values_beyond_the_cap_collapse_to_other(kafka: RunningBroker) -> None:

@@ -9,6 +9,7 @@ stored in the old format (one list of entries, possibly unsorted) must be read a
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -89,7 +90,7 @@ class Responses:
         configs = scoring_configs(settings)
         self.trace_stage = TraceStage(settings, configs, metrics.create(CollectorRegistry()))
         self.registry = CollectorRegistry()
-        self.stage = AgentStage(settings, configs, metrics.create(self.registry))
+        self.stage = AgentStage(settings, configs, metrics.create(self.registry, settings.metrics_label_cap))
         self.tables = Tables()
         self.offset = 0
 
@@ -608,3 +609,30 @@ def test_history_factor_equals_brute_force_in_batches_of_two_agents(seed: int) -
                 hour = [e for key in keys for e in tables.hours[key].entries]
                 assert (counts.total, counts.met) == (len(hour), sum(e.threshold_met for e in hour))
         assert len(tables.hours) == sum(c.chunks for s in tables.summary.values() for c in s.hours)
+
+
+def test_response_label_sets_are_capped_not_only_each_label() -> None:
+    """Review (thirtieth round): tenant, model and endpoint were capped one by one, so their sets could
+    multiply to 101^3 series (about 4.4 KB each here and on every scrape). With a cap of 2 per label,
+    3 x 3 x 3 sets were possible; at most 10 x 2 keep their own series, the rest share all-`other`."""
+    responses = Responses(load_settings(metrics_label_cap=2), random.Random(7))
+    for n, (tenant, model, endpoint) in enumerate(itertools.product("abc", "abc", "abc")):
+        responses.score(
+            f"r-{n}",
+            T0 + timedelta(minutes=n),
+            tenant_id=f"t-{tenant}",
+            model=f"m-{model}",
+            endpoint=f"/e-{endpoint}",
+            token_logprobs=[-0.05],
+        )
+    series = {
+        tuple(sorted(sample.labels.items()))
+        for family in responses.registry.collect()
+        if family.name == "llm_confidence_histogram"
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+    assert len(series) == 2 * 10 + 1
+    everything_other = (("endpoint", "other"), ("model", "other"), ("tenant", "other"))
+    assert everything_other in series
+    assert len(responses.stage._averages) == 2 * 10 + 1
