@@ -20,7 +20,7 @@ from streams.config import Settings
 from streams.dlq import DeadLetter, Reason, connect_headers, strip_logprobs
 from streams.events import ID_MAX_CHARS
 from streams.metrics import Metrics
-from streams.state import CalibrationItem
+from streams.state import CalibrationItem, CalibrationMessage
 
 __all__ = [
     "ExpiryClock",
@@ -261,7 +261,15 @@ class Outputs:
         self.metered.clear()
 
     def calibrate(self, tenant: str, source: int, item: CalibrationItem) -> None:
-        """Queue a score or an outcome for the calibration stage."""
+        """Queue a score or an outcome for the calibration stage.
+
+        Messages are cut at PRODUCER_MAX_BATCH_BYTES, but never below one item, and an item with ids
+        of escaped characters is up to about 31 KB: under a MAX_RECORD_BYTES that low it is checked
+        like any message to a later stage (the input is refused, `oversized_output`).
+        """
+        if _calibration_size_bound(tenant, item) > self.settings.max_record_bytes:
+            message = CalibrationMessage(tenant_id=tenant, items=[item], source=source)
+            self._check_size(b"", message.model_dump_json().encode(), "calibration message")
         self.calibration.append((tenant, source, item))
 
     def dead_letter(self, letter: DeadLetter, record: InputRecord) -> None:
@@ -396,6 +404,23 @@ class Rejected(Exception):
     def __init__(self, letter: DeadLetter) -> None:
         super().__init__(letter.message)
         self.letter = letter
+
+
+def _calibration_size_bound(tenant: str, item: CalibrationItem) -> int:
+    """An upper bound of a one-item calibration message's size: every character of its strings as
+    JSON's longest escape (6 bytes), and 1 KB for its numbers, names and punctuation."""
+    strings: list[str | None] = [tenant]
+    if (subject := item.subject) is not None:
+        strings += [subject.subject_id, subject.model, subject.agent_type]
+    if (outcome := item.outcome) is not None:
+        strings += [
+            outcome.event_id,
+            outcome.tenant_id,
+            outcome.trace_id,
+            outcome.subject_event_id,
+            outcome.claim_id,
+        ]
+    return 6 * sum(len(s) for s in strings if s is not None) + 1024
 
 
 @dataclass(frozen=True, slots=True)

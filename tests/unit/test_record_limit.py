@@ -28,7 +28,7 @@ from streams.decode import decode
 from streams.dlq import DeadLetter
 from streams.events import ID_MAX_CHARS
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord, Record, TraceStage
-from streams.stages.common import Outputs, _cached_key_partition, key_partition, unbundle
+from streams.stages.common import Outputs, _cached_key_partition, bundle, key_partition, unbundle
 from streams.state import HistoryHour, TraceState, table_key
 from tests.unit import stage_records
 
@@ -340,3 +340,36 @@ def test_long_keys_are_partitioned_without_being_cached() -> None:
     before = _cached_key_partition.cache_info().currsize
     assert key_partition(b"x" * 100_000, 12) == key_partition(b"x" * 100_000, 12)
     assert _cached_key_partition.cache_info().currsize == before
+
+
+def test_a_calibration_item_over_a_low_max_record_bytes_refuses_its_input() -> None:
+    """Review (thirtieth round): calibration messages are cut at PRODUCER_MAX_BATCH_BYTES but never
+    below one item, and an OUTCOME's ids of escaped characters make an item of about 31 KB: under a
+    16 KB MAX_RECORD_BYTES stage 1 sent it as a record over the limit. The input is refused now."""
+    settings = load_settings(max_record_bytes=16_384, producer_max_batch_bytes=16_384)
+    stage = TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+    escaped = "\x01" * ID_MAX_CHARS
+    outcome = {
+        "event_type": "OUTCOME",
+        "schema_version": 1,
+        "timestamp": "2026-11-22T10:00:00Z",
+        "event_id": escaped,
+        "tenant_id": escaped,
+        "trace_id": escaped,
+        "subject_event_id": escaped,
+        "source": "human",
+        "correct": True,
+    }
+    short = {**outcome, "event_id": "o2", "tenant_id": "t", "trace_id": "tr", "subject_event_id": "r"}
+    records = [
+        InputRecord("agent-events", 0, n, 1.0, orjson.dumps(e)) for n, e in enumerate([outcome, short])
+    ]
+    produced, _ = stage.process(records, {}.get)
+    sent = bundle(produced, settings.internal_topics, settings.producer_max_batch_bytes)  # as the runner does
+    assert stage_records.dead(sent) == [(0, b"oversized_output")]
+    assert all(len(r.key or b"") + len(r.value) <= settings.max_record_bytes for r in sent)
+    assert [
+        len(unbundle(InputRecord(r.topic, 0, 0, 0.0, r.value)))
+        for r in sent
+        if r.topic == settings.calibration_topic
+    ] == [1]
