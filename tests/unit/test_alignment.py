@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 from prometheus_client import CollectorRegistry
 
@@ -290,3 +291,41 @@ def test_a_partition_assigned_here_again_counts_as_delivering_from_where_it_resu
     s.batch(p1=T0 + HOUR)
     s.batch(p1=T0 + 2 * HOUR)
     assert s.paused() == {0}  # p0 is 3 h ahead of p1, which is delivering again
+
+
+def test_a_partition_delivering_exactly_idle_seconds_ago_still_holds_the_others_back() -> None:
+    """Review (thirtieth round, mutations): idle means no progress for longer than `idle_seconds`; the
+    boundary itself had no test."""
+    s = Setup([0, 1])
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    s.now += 2.0  # exactly idle_seconds since p1 moved on
+    s.alignment.check(s.app)
+    assert s.paused() == {0}
+    s.now += 0.001
+    s.alignment.check(s.app)
+    assert s.paused() == set()
+
+
+class AiokafkaLikeConsumer(FakeConsumer):
+    """Resuming a partition no longer assigned raises, as aiokafka's subscription does."""
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        if tps - self.assigned:
+            raise IllegalStateError(f"No current assignment for partition {sorted(tps - self.assigned)}")
+        super().resume_partitions(tps)
+
+
+def test_a_paused_partition_revoked_meanwhile_is_not_resumed_and_alignment_goes_on() -> None:
+    """Review (thirtieth round, mutations): no test revoked a partition alignment had paused. Resuming
+    it raised on every check, so alignment stopped pausing and resuming anything at all."""
+    s = Setup([0, 1, 2])
+    s.consumer = AiokafkaLikeConsumer([0, 1, 2])
+    s.app.consumer = s.consumer
+    s.batch(p0=T0 + 10 * HOUR, p1=T0, p2=T0)
+    assert s.paused() == {0}
+    s.consumer.assigned -= {TP("in", 0), TP(INTERNAL, 0)}  # another worker has it now
+    s.consumer.paused -= {TP("in", 0)}
+    s.batch(p1=T0 + 10 * HOUR, p2=T0)
+    assert s.paused() == {1}  # alignment still decides
+    s.batch(p2=T0 + 9 * HOUR)
+    assert s.paused() == set()

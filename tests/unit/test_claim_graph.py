@@ -15,6 +15,7 @@ from streams.scoring.claim_graph import (
     ClaimDefinition,
     ClaimNode,
     ClaimScore,
+    ClaimUpdate,
     GraphTooComplex,
     Relationship,
     apply_claim,
@@ -240,6 +241,24 @@ def test_redelivery_re_emits_only_the_own_score_and_changes_nothing() -> None:
     assert update.nodes == {}
     assert update.scores == (first[0],)
     assert g.nodes == before_redelivery != before
+
+
+def test_a_marked_redelivery_the_claim_remembers_re_emits_its_own_score() -> None:
+    """Review (thirtieth round, mutations): stage 1 marks every re-delivered CLAIM (`redelivered`); one
+    its claim still remembers re-emits the remembered score (DESIGN 4b), only a forgotten one emits
+    nothing. No test passed the mark with a remembered input."""
+    g = Graph()
+    g.arrive(define("a"))
+    first = g.arrive(define("b", ("contradicts", "a", 0.5)), event_id="e-b")
+    before = dict(g.nodes)
+    again = ClaimArrived(
+        definition=define("b", ("contradicts", "a", 0.5)), source_event_id="e-b", event_time=T0
+    )
+    update = apply_claim(g.nodes.get, again, CFG, redelivered=True)
+    assert (update.scores, update.nodes) == ((first[0],), {})
+    forgotten = again.model_copy(update={"source_event_id": "e-forgotten"})
+    assert apply_claim(g.nodes.get, forgotten, CFG, redelivered=True) == ClaimUpdate()
+    assert g.nodes == before
 
 
 def test_unknown_constituents_are_skipped_and_none_known_uses_the_normal_formula() -> None:

@@ -140,3 +140,18 @@ def test_bootstrap_servers_are_read_as_aiokafka_reads_them(spelling: str) -> Non
         return connections
 
     assert asyncio.run(wait_on_a_listener()) > 0  # the probe reached the listener
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64", "riscv64"])
+def test_the_pinned_digest_is_the_one_of_the_machine_it_runs_on(machine: str) -> None:
+    """Review (thirtieth round, mutations): the digest is chosen at import by `platform.machine()`, and
+    no test ran on another machine than the one the suite runs on: an aarch64 machine handed the
+    x86_64 digest would refuse its genuine binary, and an unknown one must get none."""
+    code = (
+        "import platform; platform.machine = lambda: " + repr(machine) + "\n"
+        "from streams import harness; print(harness.TANSU_SHA256)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == harness.TANSU_SHA256_BY_MACHINE.get(machine, "")

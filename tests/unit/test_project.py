@@ -54,6 +54,8 @@ def test_seed_003_env_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         ("MAX_RECORD_BYTES", "100000"),
         ("PRODUCER_LINGER_MS", "60000"),  # a batch lingering to SEND_TIMEOUT_SECONDS stopped the worker
         ("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092,"),  # Faust was handed an empty address
+        ("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092, ,kafka2:9092"),  # blank between commas: empty too
+        ("TABLE_STANDBY_REPLICAS", "17"),
     ],
 )
 def test_invalid_settings_fail_at_start_up(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -369,3 +371,20 @@ def test_an_empty_broker_address_is_the_default_as_the_harness_reads_it(
 ) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", " ")
     assert load_settings().kafka_bootstrap_servers == "localhost:9092"
+
+
+def test_a_batch_as_large_as_the_largest_record_is_accepted() -> None:
+    """Review (thirtieth round, mutations): only a batch limit above MAX_RECORD_BYTES was tested; one
+    equal to it fits every broker that takes MAX_RECORD_BYTES."""
+    settings = load_settings(max_record_bytes=100_000, producer_max_batch_bytes=100_000)
+    assert settings.producer_max_batch_bytes == settings.max_record_bytes
+
+
+def test_faust_settings_now_read_here_keep_faust_defaults() -> None:
+    """Review (thirtieth round, mutations): with Faust's own environment reading off, WEB_BIND and
+    TABLE_STANDBY_REPLICAS default here. Faust's defaults stay: every interface (a worker bound to
+    loopback is out of its peers' and the container health check's reach) and one standby."""
+    from streams.app import create_app
+
+    conf = create_app(load_settings()).app.conf
+    assert (conf.web_bind, conf.table_standby_replicas) == ("0.0.0.0", 1)

@@ -241,3 +241,102 @@ async def test_a_seek_that_cannot_finish_stops_the_worker(
         await recovery._seek_then_resume_streams()
     assert len(reasons) == 1 and cause in reasons[0], reasons
     assert "resume" not in [name for name, _ in consumer.calls]
+
+
+class RevokedBeforeCountedConsumer(RecordingConsumer):
+    """aiokafka's assignment changed under the seek before Faust's callbacks counted or signalled the
+    rebalance: the seek to the partition's beginning raises, nothing else says a rebalance began."""
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        raise IllegalStateError(f"No current assignment for partition {partition}")
+
+
+async def test_a_partition_revoked_mid_seek_does_not_stop_the_worker_before_the_rebalance_is_counted() -> (
+    None
+):
+    """Review (thirtieth round, mutations): every `IllegalStateError` case also counted a rebalance, so
+    the check of its type could go unnoticed. The type alone says another rebalance began."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    consumer = RevokedBeforeCountedConsumer(svc.traces.changelog_topic.get_topic_name())
+    svc.app.consumer = consumer
+    assert await recovery._seek_then_resume_streams() is False
+    assert reasons == []
+    assert "resume" not in [name for name, _ in consumer.calls]
+
+
+class SignalledNotCountedConsumer(RecordingConsumer):
+    """The next assignment's signal is set during the committed-offset lookup (not through `_wait`);
+    the revocation was counted before this recovery read the count."""
+
+    def __init__(self, changelog_topic: str, recovery: SeekThenResumeRecovery) -> None:
+        super().__init__(changelog_topic)
+        self.recovery = recovery
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self.recovery.signal_recovery_start.set()
+        return await super().seek_to_committed()
+
+
+@pytest.mark.parametrize("when", ["during", "before"])
+async def test_a_rebalance_signalled_but_not_counted_leaves_the_streams_paused(when: str) -> None:
+    """Review (thirtieth round, mutations): every test that signalled the next recovery also counted a
+    rebalance; the signal alone, set during the seek or already before it, must keep the streams
+    paused for that recovery (and stay set for Faust's recovery loop)."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    changelog = svc.traces.changelog_topic.get_topic_name()
+    if when == "before":
+        recovery.signal_recovery_start.set()
+        consumer = RecordingConsumer(changelog)
+    else:
+        consumer = SignalledNotCountedConsumer(changelog, recovery)
+    svc.app.consumer = consumer
+    assert await recovery._seek_then_resume_streams() is False
+    assert "resume" not in [name for name, _ in consumer.calls]
+    assert TP("agent-events", 0) in consumer.paused
+    assert recovery.signal_recovery_start.is_set()
+
+
+class StoppedDuringSeekConsumer(RecordingConsumer):
+    """The worker is being stopped while the committed offsets are looked up."""
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        raise ServiceStopped()
+
+
+async def test_a_worker_stopped_during_the_seek_is_not_reported_as_a_failed_recovery() -> None:
+    """Review (thirtieth round, mutations): `ServiceStopped` from the seek had no test. Reported, a
+    worker stopped mid-recovery (SIGTERM) would exit 70 instead of shutting down cleanly."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    svc.app.consumer = StoppedDuringSeekConsumer(svc.traces.changelog_topic.get_topic_name())
+    with pytest.raises(ServiceStopped):
+        await recovery._seek_then_resume_streams()
+    assert reasons == []
+
+
+class UnassignedConsumer(RecordingConsumer):
+    """A worker with no partition (more workers than partitions)."""
+
+    def assignment(self) -> set[TP]:
+        return set()
+
+
+async def test_a_worker_with_no_partition_finishes_its_recovery() -> None:
+    """Review (thirtieth round, mutations): nothing to seek or resume, and the recovery goes on to start
+    the flow and announce the worker ready (False would leave it rebalancing for good)."""
+    svc = create_app(load_settings())
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    consumer = UnassignedConsumer(svc.traces.changelog_topic.get_topic_name())
+    svc.app.consumer = consumer
+    assert await recovery._seek_then_resume_streams() is True
+    assert consumer.calls == []

@@ -252,3 +252,27 @@ def test_a_claim_redelivered_after_its_claim_forgot_it_changes_nothing() -> None
     )
     y = next(o for o in supporter if o["claim_id"] == "Y")
     assert y["interval"]["factors"]["contradiction_penalty"] == 1.0
+
+
+def test_a_claim_message_written_before_the_mark_existed_is_applied() -> None:
+    """Review (thirtieth round, mutations): claim messages already in the claims topic when the worker
+    is upgraded carry no `redelivered`; read as unmarked, they are applied as before, not dropped."""
+    settings = load_settings()
+    configs = scoring_configs(settings)
+    body = {
+        **BASE,
+        "event_type": "CLAIM",
+        "event_id": "c1",
+        "claim_id": "X",
+        "statement": "s",
+        "tier": "task",
+    }
+    body.pop("tool"), body.pop("status")
+    sent, _ = _stage().process([InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(body))], {}.get)
+    (message,) = (r for r in sent if r.topic == settings.claims_topic)
+    old = orjson.loads(message.value or b"")
+    assert old.pop("redelivered") is False
+    claims = ClaimStage(settings, configs, metrics.create(CollectorRegistry()))
+    out, writes = claims.process([InputRecord(message.topic, 0, 0, 1.0, orjson.dumps(old))], {}.get)
+    assert [orjson.loads(r.value)["claim_id"] for r in out if r.topic == settings.scored_topic] == ["X"]
+    assert list(writes)  # X's node is kept

@@ -97,6 +97,53 @@ async def test_outside_a_rebalance_a_partition_is_sought_back_to_its_first_undel
     assert consumer.sought == [(paused, 40)]
 
 
+async def test_a_generation_change_mid_batch_seeks_back_to_the_first_record_not_delivered() -> None:
+    """Review (mutations): no test changed the generation while a batch was delivered. Its later records
+    are not delivered, and outside a rebalance the partition is sought back to the first of them, not
+    to a later one (which would skip the first)."""
+    svc = create_app(load_settings())
+    first, other = TP("agent-events", 0), TP("agent-events", 1)
+    records = {first: [_Record(5)], other: [_Record(40), _Record(41)]}
+    consumer = _consumer_returning(svc, records, {first, other})
+    svc.app.rebalancing = False
+    delivered = []
+    async for _, message in consumer.getmany(timeout=1.0):
+        delivered.append(message)
+        svc.app.consumer_generation_id += 1  # a rebalance came and went while this record was handled
+    assert delivered == [(first, 5)]
+    assert consumer.sought == [(other, 40)]
+    assert consumer.dropped_partitions == {other}
+
+
+async def test_records_of_a_partition_whose_stream_buffer_is_full_are_still_delivered() -> None:
+    """Review (mutations): Faust takes a partition out of the active ones while its stream buffer is
+    full (`_buffered_partitions`) and still delivers what was fetched for it; dropped and sought back,
+    those records would be fetched again for as long as the buffer stays full."""
+    svc = create_app(load_settings())
+    active, buffered = TP("agent-events", 0), TP("agent-events", 1)
+    records = {active: [_Record(5)], buffered: [_Record(40)]}
+    consumer = _consumer_returning(svc, records, {active})
+    consumer._buffered_partitions = {buffered}
+    svc.app.rebalancing = False
+
+    assert sorted(await _delivered(consumer)) == [(active, 5), (buffered, 40)]
+    assert (consumer.sought, consumer.dropped_partitions) == ([], set())
+
+
+async def test_a_partition_revoked_before_its_records_were_dropped_is_not_sought() -> None:
+    """Review (mutations): its next owner reads it from the committed offset. Sought here, aiokafka
+    raises for a partition no longer assigned, after Faust's `seek` has already moved its read offset."""
+    svc = create_app(load_settings())
+    kept, revoked = TP("agent-events", 0), TP("agent-events", 1)
+    consumer = _consumer_returning(svc, {kept: [_Record(5)], revoked: [_Record(40)]}, {kept})
+    consumer.assignment = lambda: {kept}
+    svc.app.rebalancing = False
+
+    assert await _delivered(consumer) == [(kept, 5)]
+    assert consumer.sought == []
+    assert consumer.dropped_partitions == {revoked}
+
+
 # --- the hand-over of each fetched record (`_deliver`) ------------------------------------------------
 
 

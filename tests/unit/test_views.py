@@ -252,3 +252,92 @@ def test_a_forwarded_view_is_not_forwarded_again_when_two_workers_name_each_othe
         assert FORWARDED_HEADER not in (await client.get("/healthz")).headers
 
     _two_workers(lambda a, b: b.app.conf.canonical_url, lambda a, b: a.app.conf.canonical_url, check)
+
+
+def test_each_view_asks_the_router_for_the_owner_of_its_own_key() -> None:
+    """Review (thirtieth round, mutations): the tests' routers named one owner for every key, so a view
+    that looked up another topic, table or key (the tenant for a trace, the claim for a tenant) passed."""
+    svc = create_app(load_settings())
+    asked: list[tuple[str, str, bytes]] = []
+
+    def key_store(table: str, key: bytes) -> URL:
+        asked.append(("table", table, key))
+        return svc.app.conf.canonical_url
+
+    def external_topic_key_store(topic: Any, key: bytes) -> URL:
+        asked.append(("topic", topic.get_topic_name(), key))
+        return svc.app.conf.canonical_url
+
+    svc.app.router.key_store = key_store
+    svc.app.router.external_topic_key_store = external_topic_key_store
+    attach_views(svc)
+    svc.app.web.init_server()
+
+    async def check(client: TestClient) -> None:
+        for path in ("/traces/acme/t1", "/claims/acme/c1", "/agents/acme/patcher-1", "/calibration/acme"):
+            await client.get(path)
+
+    _ask(svc, check)
+    settings = svc.settings
+    assert asked == [
+        ("topic", settings.input_topic_names[0], b"t1"),  # traces live with their input partition
+        ("topic", settings.claims_topic, b"acme"),  # a tenant's claim graph: its claims partition
+        ("table", svc.agents_history.name, table_key("acme", "patcher-1")),
+        ("topic", svc.calibration_topic.get_topic_name(), b"acme"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("owner_error", "error"),
+    [
+        (KeyError, "no worker owns this {what} yet"),  # the assignment is not known yet
+        (None, "the worker that owns this {what} did not answer"),  # nothing listens at the owner's port
+    ],
+)
+def test_a_view_whose_owner_is_unknown_or_unreachable_answers_503(
+    owner_error: type[Exception] | None, error: str
+) -> None:
+    """Review (thirtieth round, mutations): the router's KeyError and an owner that does not answer
+    had no test; either would otherwise reach aiohttp as a 500 with no JSON body."""
+    svc = create_app(load_settings(web_host="127.0.0.1", web_port=free_port()))
+    elsewhere = URL(f"http://127.0.0.1:{free_port()}")
+
+    def owner() -> URL:
+        if owner_error is not None:
+            raise owner_error("unknown")
+        return elsewhere
+
+    _routed_to(svc, owner)
+    attach_views(svc)
+    svc.app.web.init_server()
+
+    async def check(client: TestClient) -> None:
+        try:
+            paths = {
+                "trace": "/traces/acme/t1",
+                "claim": "/claims/acme/c1",
+                "agent": "/agents/acme/patcher-1",
+                "tenant": "/calibration/acme",
+            }
+            for what, path in paths.items():
+                response = await client.get(path)
+                body = await response.json()
+                assert (response.status, body) == (503, {"error": error.format(what=what)}), path
+        finally:
+            await svc.app.http_client.close()
+
+    _ask(svc, check)
+
+
+def test_a_forwarded_answer_keeps_the_owners_status_and_content_type() -> None:
+    """Review (thirtieth round, mutations): every forwarded answer in the tests was JSON. The owner's
+    plain-text 500 (here its own router fails) reaches the caller as that, not relabelled JSON."""
+
+    def broken(a: Service, b: Service) -> URL:
+        raise RuntimeError("a bug in the owner")
+
+    async def check(client: TestClient, a: Service, b: Service) -> None:
+        response = await client.get("/calibration/acme")
+        assert (response.status, response.content_type) == (500, "text/plain"), await response.text()
+
+    _two_workers(lambda a, b: b.app.conf.canonical_url, broken, check)
