@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Literal
 
 from streams.config import configured_bootstrap_servers
@@ -54,6 +54,8 @@ class RunningBroker:
 
     kind: BrokerKind
     bootstrap_servers: str
+    # The embedded broker's process, for tests that pause it (a broker that stops answering).
+    process: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_tansu(self) -> bool:
@@ -246,7 +248,7 @@ def _tansu() -> Iterator[RunningBroker]:
                     ) from None
                 log.warning("embedded Tansu on %s: %s; starting it on another port", bootstrap, exc)
         log.info("broker: embedded Tansu (%s) on %s, log %s", binary, bootstrap, logfile.name)
-        yield RunningBroker("tansu", bootstrap)
+        yield RunningBroker("tansu", bootstrap, process)
         failed = False
     finally:
         if process is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from streams import harness
 from streams.batch_runner import EXIT_BATCH_FAILED
 from streams.config import load_settings
 from streams.demo_runner import worker_env
@@ -124,6 +126,41 @@ def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
     # Exactly once by event id: each input caused one distinct output id (copies share it).
     several = {k: v for k, v in own.items() if k in ids and len(v) != 1}
     assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
+
+
+def test_a_broker_that_stops_answering_for_a_while_loses_nothing() -> None:
+    """The broker stops answering (its process paused: a network partition, a long GC pause, a stuck
+    disk) for twice the worker's session timeout while the worker has inputs in flight, then answers
+    again: every input is scored, each once by output id, and the worker never exits. Its own broker,
+    as pausing the suite's would stall every other test."""
+    with harness._tansu() as private:
+        assert private.process is not None
+        d = deploy(private, partitions=2)
+        before, during = _traffic("pause-before", 30), _traffic("pause-during", 3000)
+        after = _traffic("pause-after", 30)
+        worker = d.start_worker()
+        try:
+            d.produce(before)
+            _collect_all(d, {e["event_id"] for e in before})
+            d.produce(during)  # the worker is still reading these when the broker stops answering
+            private.process.send_signal(signal.SIGSTOP)
+            try:
+                paused_until = time.monotonic() + 2 * d.settings.broker_session_timeout_seconds
+                while time.monotonic() < paused_until:
+                    assert worker.alive(), d.log_tails()
+                    time.sleep(0.5)
+            finally:
+                private.process.send_signal(signal.SIGCONT)
+            d.produce(after)
+            ids = {e["event_id"] for e in before + during + after}
+            records = _collect_all(d, ids, timeout=180)
+            assert worker.alive(), d.log_tails()
+        finally:
+            d.stop()
+    own = _own_outputs(d, records)
+    assert ids <= set(own), f"{len(ids - set(own))} inputs without output"
+    several = {k: v for k, v in own.items() if k in ids and len(v) != 1}
+    assert several == {}, f"inputs with several distinct output ids: {several}"
 
 
 def test_a_failed_expiry_sweep_stops_the_worker_and_loses_nothing(kafka: RunningBroker) -> None:
