@@ -10,22 +10,8 @@ import pytest
 from streams.decode import decode
 from streams.dlq import DeadLetter
 from streams.events import ClaimEvent, LlmResponse
+from tests.unit.test_decode import BASE, CLAIM
 
-BASE = {
-    "event_id": "e1",
-    "event_type": "LLM_RESPONSE",
-    "timestamp": "2026-11-22T10:00:00Z",
-    "tenant_id": "t",
-    "trace_id": "tr",
-    "agent_name": "a",
-    "agent_type": "planner",
-    "schema_version": 1,
-    "request_id": "r",
-    "model": "m",
-    "endpoint": "/e",
-    "response": "ok",
-}
-CLAIM = {**BASE, "event_type": "CLAIM", "claim_id": "c", "statement": "s", "tier": "task"}
 MAX_ITEMS = 5
 
 ARRAYS: list[tuple[dict[str, Any], str, object]] = [

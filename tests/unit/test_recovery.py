@@ -14,11 +14,20 @@ from aiokafka.errors import IllegalStateError
 from faust.tables.recovery import ServiceStopped
 from faust.types import TP
 
-from streams.app import create_app
+from streams.app import Service, create_app
 from streams.config import load_settings
 from streams.demo_runner import worker_env
 from streams.harness import RunningBroker
 from streams.recovery import SeekThenResumeRecovery
+
+
+def _reporting(svc: Service) -> tuple[SeekThenResumeRecovery, list[str]]:
+    """`svc`'s recovery, with the reasons it reports a failure for (the worker's `stop_worker`)."""
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    return recovery, reasons
 
 
 class RecordingConsumer:
@@ -168,10 +177,7 @@ async def test_a_seek_that_fails_because_another_rebalance_began_does_not_stop_t
     seconds apart are enough. Now the streams stay paused for that recovery, as when the rebalance
     begins without making the seek fail."""
     svc = create_app(load_settings())
-    recovery = svc.app.tables.recovery
-    assert isinstance(recovery, SeekThenResumeRecovery)
-    reasons: list[str] = []
-    recovery.on_failure = reasons.append
+    recovery, reasons = _reporting(svc)
     changelog = svc.traces.changelog_topic.get_topic_name()
     consumer = {
         "signalled": lambda: SignalledDuringSeekConsumer(changelog, recovery),
@@ -189,10 +195,7 @@ async def test_a_recovery_step_that_times_out_stops_the_worker() -> None:
     """Faust's `_wait` took a timeout for "stopped" and its recovery loop ended for good: streams
     paused, the worker alive. The timeout is reported (the worker wires `stop_worker`: exit 70)."""
     svc = create_app(load_settings())
-    recovery = svc.app.tables.recovery
-    assert isinstance(recovery, SeekThenResumeRecovery)
-    reasons: list[str] = []
-    recovery.on_failure = reasons.append
+    recovery, reasons = _reporting(svc)
     with pytest.raises(ServiceStopped):
         await recovery._wait(asyncio.sleep(5), timeout=0.05)
     assert len(reasons) == 1 and "took longer than 0.05 s" in reasons[0]
@@ -231,10 +234,7 @@ async def test_a_seek_that_cannot_finish_stops_the_worker(
     streams paused. Both are reported now (the worker wires `stop_worker`: exit 70) and still raised."""
     svc = create_app(load_settings())
     svc.app.conf.broker_request_timeout = 0.05
-    recovery = svc.app.tables.recovery
-    assert isinstance(recovery, SeekThenResumeRecovery)
-    reasons: list[str] = []
-    recovery.on_failure = reasons.append
+    recovery, reasons = _reporting(svc)
     consumer = consumer_class(svc.traces.changelog_topic.get_topic_name())
     svc.app.consumer = consumer
     with pytest.raises(error):
@@ -257,10 +257,7 @@ async def test_a_partition_revoked_mid_seek_does_not_stop_the_worker_before_the_
     """Review (thirtieth round, mutations): every `IllegalStateError` case also counted a rebalance, so
     the check of its type could go unnoticed. The type alone says another rebalance began."""
     svc = create_app(load_settings())
-    recovery = svc.app.tables.recovery
-    assert isinstance(recovery, SeekThenResumeRecovery)
-    reasons: list[str] = []
-    recovery.on_failure = reasons.append
+    recovery, reasons = _reporting(svc)
     consumer = RevokedBeforeCountedConsumer(svc.traces.changelog_topic.get_topic_name())
     svc.app.consumer = consumer
     assert await recovery._seek_then_resume_streams() is False
@@ -313,10 +310,7 @@ async def test_a_worker_stopped_during_the_seek_is_not_reported_as_a_failed_reco
     """Review (thirtieth round, mutations): `ServiceStopped` from the seek had no test. Reported, a
     worker stopped mid-recovery (SIGTERM) would exit 70 instead of shutting down cleanly."""
     svc = create_app(load_settings())
-    recovery = svc.app.tables.recovery
-    assert isinstance(recovery, SeekThenResumeRecovery)
-    reasons: list[str] = []
-    recovery.on_failure = reasons.append
+    recovery, reasons = _reporting(svc)
     svc.app.consumer = StoppedDuringSeekConsumer(svc.traces.changelog_topic.get_topic_name())
     with pytest.raises(ServiceStopped):
         await recovery._seek_then_resume_streams()
