@@ -37,18 +37,28 @@ Reason = Literal[
 ]
 
 # A key is removed with its value when its name contains this, in any case: raw logprobs never leave
-# memory (DESIGN 1), whichever field a producer puts them in.
+# memory (DESIGN 1), whichever field a producer puts them in. So is a string value that mentions it
+# (the event serialised twice, a provider's raw answer kept as a string).
 LOGPROBS_MARK = "logprob"
 _REMOVED = "<removed>"
-_MENTION = re.compile(LOGPROBS_MARK.encode(), re.IGNORECASE)
+
+
+def _letters(word: str) -> bytes:
+    """A pattern of `word` with each letter also as a `\\u` escape: a mention hidden by escapes counts."""
+    return b"".join(
+        rb"(?:%s|\\u00%02x|\\u00%02x)" % (re.escape(c.encode()), ord(c.lower()), ord(c.upper())) for c in word
+    )
+
+
+_MENTION = re.compile(_letters(LOGPROBS_MARK), re.IGNORECASE)
 # For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): every
 # `"<key>":` whose key decodes to a logprobs name (escapes included), found at every quote so that a key
 # hidden inside another key's malformed value is found too. Up to 96 units (an escape's `\u` is one,
 # its 4 digits four): "token_logprobs" written wholly as `\uXXXX` escapes takes 70 (64 let it through).
 # A longer key naming logprobs is not matched as a key, so its mention cuts the rest of the record.
 _KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,96})"\s*:\s*))', re.DOTALL)
-_STRUCTURE = re.compile(rb'["\\\[\]{},]')
-_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
+_STRUCTURE = re.compile(rb'["\\\[\]{}]')
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +76,14 @@ def _strip(value: object) -> object:
         return {k: (_REMOVED if _names_logprobs(k) else _strip(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_strip(v) for v in value]
+    if isinstance(value, str) and _names_logprobs(value):
+        return _REMOVED
     return value
 
 
 def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
     """The record as stored in the DLQ: every logprobs key's value replaced, at most `max_bytes` long."""
+    raw = _as_utf8(raw)
     try:
         stripped = orjson.dumps(_strip(orjson.loads(raw)))
     except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
@@ -78,6 +91,20 @@ def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
         # (254 levels) or this module recurses: cut the values out textually.
         stripped = _strip_text(raw)
     return _cut(stripped, max_bytes)
+
+
+def _as_utf8(raw: bytes) -> bytes:
+    """JSON written in UTF-16 or UTF-32 (RFC 7159 allowed them) as UTF-8: in UTF-16 every letter of
+    "logprobs" has a NUL beside it, and no pattern here would see the key."""
+    encoding = json.detect_encoding(raw)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return raw
+    try:
+        return raw.decode(encoding).encode()
+    except UnicodeDecodeError:
+        # Not text in any encoding JSON allows: NULs between letters could still hide a key. Nothing of
+        # it is kept once it mentions logprobs with its NULs taken out.
+        return b"" if _MENTION.search(raw.replace(b"\x00", b"")) else raw
 
 
 def _cut(data: bytes, max_bytes: int) -> bytes:
@@ -121,19 +148,41 @@ def _names_logprobs(key: str) -> bool:
 
 
 def _is_logprobs_key(name: bytes) -> bool:
-    if b"\\" not in name:
-        return _MENTION.search(name) is not None
-    try:
-        key = json.loads(b'"' + name + b'"')  # the key written with escapes
-    except ValueError:
-        return False
-    return isinstance(key, str) and _names_logprobs(key)
+    if b"\\" in name:
+        try:
+            key = json.loads(b'"' + name + b'"', strict=False)  # the key written with escapes
+            return isinstance(key, str) and _names_logprobs(key)
+        except ValueError:
+            pass  # an invalid escape: read it as written, escapes of letters included
+    return _MENTION.search(name) is not None
+
+
+# A logprobs value is replaced only when it is one whole value followed by the record's next key, its
+# closing bracket or its end; anything else (a tuple `(-0.7, -1.2)`, numbers without brackets, a
+# comment before the array) cuts the rest of the record from its key, so no number of it is kept.
+_SPACE = re.compile(rb"\s*")
+_SCALAR = re.compile(rb"(?:-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|true|false|null|NaN|-?Infinity)")
+_FOLLOWED_WELL = re.compile(rb'\s*(?:,\s*"|[}\]]|\Z)')
 
 
 def _value_end(raw: bytes, start: int) -> int:
-    """Where the JSON-like value at `start` ends: after its closing bracket (brackets inside strings do not
-    count) or closing quote, or at the `,` `]` `}` after a bare scalar; a value never closed runs to the end.
-    """
+    """Where the JSON-like value at `start` ends, if it is one whole value followed well (see above):
+    after its closing bracket or quote (brackets inside strings do not count), or after a bare scalar.
+    Otherwise, or if it is never closed, the end of the record."""
+    space = _SPACE.match(raw, start)
+    i = start if space is None else space.end()
+    if i < len(raw) and raw[i] in b'[{"':
+        end = _closing(raw, i)
+    else:
+        scalar = _SCALAR.match(raw, i)
+        end = None if scalar is None else scalar.end()
+    if end is None or not _FOLLOWED_WELL.match(raw, end):
+        return len(raw)
+    return end
+
+
+def _closing(raw: bytes, start: int) -> int | None:
+    """Past the bracket or quote that closes the one opened at `start`; None if none does."""
     depth, in_string, i = 0, False, start
     while (match := _STRUCTURE.search(raw, i)) is not None:
         i = match.start()
@@ -150,15 +199,11 @@ def _value_end(raw: bytes, start: int) -> int:
         elif char in b"[{":
             depth += 1
         elif char in b"]}":
-            if depth == 0:
-                return i
             depth -= 1
             if depth == 0:
                 return i + 1
-        elif char == _COMMA and depth == 0:
-            return i
         i += 1
-    return len(raw)
+    return None
 
 
 def connect_headers(letter: DeadLetter, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

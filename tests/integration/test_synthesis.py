@@ -202,8 +202,9 @@ def test_the_same_sub_calls_and_claims_in_another_order_give_the_same_synthesis(
         records = d.collect(count_of("SYNTHESIS_SCORED", 2, d.settings.scored_topic, ids))
     finally:
         d.stop()
-    (a,) = [o for o in d.outputs(records) if o["source_event_id"] == forward[-1]["event_id"]]
-    (b,) = [o for o in d.outputs(records) if o["source_event_id"] == backward[-1]["event_id"]]
+    syntheses = [o for o in d.outputs(records) if o["event_type"] == "SYNTHESIS_SCORED"]
+    (a,) = [o for o in syntheses if o["source_event_id"] == forward[-1]["event_id"]]
+    (b,) = [o for o in syntheses if o["source_event_id"] == backward[-1]["event_id"]]
     assert a["overall_confidence"] == b["overall_confidence"]
     assert (
         a["conflicts"] == b["conflicts"] and [(c["claim_a"], c["claim_b"]) for c in a["conflicts"]] == pairs

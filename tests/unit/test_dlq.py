@@ -7,6 +7,9 @@ mention cuts the record.
 
 from __future__ import annotations
 
+import json
+
+import orjson
 import pytest
 
 from streams.dlq import strip_logprobs
@@ -20,10 +23,12 @@ from streams.dlq import strip_logprobs
             b'{"top_logprobs": "\\"-0.0123456789", "x": NaN}',
             b'{"top_logprobs": "<removed>", "x": NaN}',
         ),
-        # A mention right after a removed value cuts the rest of the record, as one anywhere else does.
+        # A value not followed by the next key, a closing bracket or the end is not trusted to have
+        # ended: the rest of the record is cut from its key (thirtieth round; the mention after it cut
+        # the rest before).
         (
             b'{"logprobs":"-0.5"logprob=-0.0123456789, NaN',
-            b'{"logprobs":"<removed>"<removed>',
+            b'{"logprobs":"<removed>"',
         ),
         # A string value ends at its closing quote: what follows it is kept as it was.
         (
@@ -39,10 +44,11 @@ from streams.dlq import strip_logprobs
             b'[{"top_logprobs": 1}, {"a": 2, "b": NaN}]',
             b'[{"top_logprobs": "<removed>"}, {"a": 2, "b": NaN}]',
         ),
-        # Two logprobs keys back to back (no comma) are two keys, each keeping its name.
+        # Two logprobs keys back to back (no comma): the first value is not followed well, so the rest
+        # is cut from its key (before the thirtieth round each value was replaced on its own).
         (
             b'{"top_logprobs":"a""logprobs":"b","x":NaN}',
-            b'{"top_logprobs":"<removed>""logprobs":"<removed>","x":NaN}',
+            b'{"top_logprobs":"<removed>"',
         ),
         # A key whose escape is not valid JSON names nothing: its value is kept.
         (
@@ -57,3 +63,37 @@ def test_the_textual_path_removes_exactly_the_logprobs_values(raw: bytes, stored
 
 def test_a_negative_cap_stores_nothing() -> None:
     assert strip_logprobs(b'{"a": NaN}', -1) == b""
+
+
+def serialised_wrong(values: tuple[float, float, float]) -> list[bytes]:
+    """Logprobs in records a producer serialised wrongly: each was stored with its values until the
+    thirtieth round."""
+    v0, v1, v2 = values
+    e0, e1, e2 = (repr(v).encode() for v in values)
+    event = {"event_type": "LLM_RESPONSE", "response": 42, "token_logprobs": [v0, v1]}
+    head = b'{"event_type": "LLM_RESPONSE", "response": 42'
+    return [
+        orjson.dumps(orjson.dumps(event).decode()),  # the event serialised twice: one JSON string
+        orjson.dumps({**event, "token_logprobs": None, "raw": json.dumps({"logprobs": [{"logprob": v2}]})}),
+        json.dumps(event).encode("utf-16-le"),  # RFC 7159 allowed UTF-16
+        head + b', "token_logprobs": (' + e0 + b", " + e1 + b")}",  # a tuple's repr
+        head + b', "token_logprobs": /* top-1, greedy */ [' + e2 + b"]}",  # a comment before the array
+        head
+        + b', "token_logprobs": [NaN], "'
+        + b"x" * 90
+        + b'_l\\u006fgprobs": ['
+        + e1
+        + b"]}",  # a long key
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_records_serialised_wrongly_keep_no_logprob(case: int) -> None:
+    """Review (thirtieth round): a JSON string holding the event, a provider's raw answer kept as a
+    string, UTF-16, a tuple's repr, a comment before the array and a logprobs key longer than 96 units
+    written with an escape each kept their values in the dead letter."""
+    values = (-0.8264019375, -1.9350718264, -0.3719402856)
+    stored = strip_logprobs(serialised_wrong(values)[case], 1_000_000)
+    kept = [v for v in values if repr(v).lstrip("-").encode() in stored.replace(b"\x00", b"")]
+    assert kept == [], stored
+    assert stored, "only records that are not text at all are stored empty"
