@@ -163,6 +163,9 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         # CONSUMER_AUTO_OFFSET_RESET, ...), past streams/config.py's validation: one set for another
         # purpose could skip existing input or stop the worker. Every setting comes from `settings`.
         env={},
+        # Faust's import-time FAUST_*/F_* variables are defaults of its own; WEB_TRANSPORT would move
+        # the web server (health, metrics, views) off WEB_PORT.
+        web_transport="tcp://",
         broker_session_timeout=settings.broker_session_timeout_seconds,
         broker_heartbeat_interval=settings.broker_heartbeat_interval_seconds,
         broker_rebalance_timeout=settings.broker_rebalance_timeout_seconds,

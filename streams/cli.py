@@ -68,7 +68,8 @@ def _worker(_: argparse.Namespace) -> int:
     attach_lag_monitor(svc)
     tune_gc(settings.gc_gen0_threshold)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
-    worker = Worker(svc.app, loglevel=settings.log_level, quiet=True)
+    # debug=False: Faust's F_DEBUG would start its blocking detector and console.
+    worker = Worker(svc.app, loglevel=settings.log_level, quiet=True, debug=False)
     try:
         worker.execute_from_commandline()
     except SystemExit:

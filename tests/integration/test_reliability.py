@@ -9,6 +9,7 @@ sense: one output event id per input, however many copies).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -128,14 +129,17 @@ def test_failed_batch_is_not_acknowledged_and_is_scored_after_restart(
     assert several == {}, f"{why}: inputs with several distinct output ids: {several}"
 
 
-def test_a_broker_that_stops_answering_for_a_while_loses_nothing() -> None:
+@pytest.mark.parametrize("send_timeout", [60.0, 3.0], ids=["within-the-send-timeout", "past-it"])
+def test_a_broker_that_stops_answering_for_a_while_loses_nothing(send_timeout: float) -> None:
     """The broker stops answering (its process paused: a network partition, a long GC pause, a stuck
     disk) for twice the worker's session timeout while the worker has inputs in flight, then answers
-    again: every input is scored, each once by output id, and the worker never exits. Its own broker,
-    as pausing the suite's would stall every other test."""
+    again. Within SEND_TIMEOUT_SECONDS the worker waits, /healthz and /readyz stay 200 (they describe
+    the worker, not the broker) and it goes on; past it the worker stops as for a failed batch (exit
+    70), which also shows the pause met sends in flight, and a successor takes over. Either way every
+    input is scored, each once by output id. Its own broker: pausing the suite's would stall the rest."""
     with harness._tansu() as private:
         assert private.process is not None
-        d = deploy(private, partitions=2)
+        d = deploy(private, partitions=2, SEND_TIMEOUT_SECONDS=str(send_timeout))
         before, during = _traffic("pause-before", 30), _traffic("pause-during", 3000)
         after = _traffic("pause-after", 30)
         worker = d.start_worker()
@@ -144,17 +148,26 @@ def test_a_broker_that_stops_answering_for_a_while_loses_nothing() -> None:
             _collect_all(d, {e["event_id"] for e in before})
             d.produce(during)  # the worker is still reading these when the broker stops answering
             private.process.send_signal(signal.SIGSTOP)
+            health_seen: set[tuple[str, int]] = set()
             try:
                 paused_until = time.monotonic() + 2 * d.settings.broker_session_timeout_seconds
-                while time.monotonic() < paused_until:
-                    assert worker.alive(), d.log_tails()
+                while time.monotonic() < paused_until and worker.alive():
+                    for path in ("/healthz", "/readyz"):
+                        with contextlib.suppress(OSError):  # the stopping worker's server goes away
+                            health_seen.add((path, health(d.web_ports[0], path)[0]))
                     time.sleep(0.5)
             finally:
                 private.process.send_signal(signal.SIGCONT)
+            if send_timeout < 2 * d.settings.broker_session_timeout_seconds:
+                assert _wait_exit(worker) == EXIT_BATCH_FAILED, d.log_tails()
+                d.start_worker()
+            else:
+                assert worker.alive(), d.log_tails()
+                assert health_seen == {("/healthz", 200), ("/readyz", 200)}, health_seen
             d.produce(after)
             ids = {e["event_id"] for e in before + during + after}
             records = _collect_all(d, ids, timeout=180)
-            assert worker.alive(), d.log_tails()
+            assert d.workers[-1].alive(), d.log_tails()
         finally:
             d.stop()
     own = _own_outputs(d, records)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import random
 import shlex
 import socket
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -388,3 +391,17 @@ def test_faust_settings_now_read_here_keep_faust_defaults() -> None:
 
     conf = create_app(load_settings()).app.conf
     assert (conf.web_bind, conf.table_standby_replicas) == ("0.0.0.0", 1)
+
+
+def test_faust_import_time_variables_do_not_move_the_web_server() -> None:
+    """README review (thirtieth round): `env={}` stops Faust's settings lookup, but Faust also reads
+    FAUST_*/F_* variables when imported, as defaults: FAUST_WEB_TRANSPORT moved the web server (health,
+    metrics, views) to a unix socket. Run in a fresh interpreter, as they are read at import."""
+    code = (
+        "from streams.app import create_app; from streams.config import load_settings; "
+        "print(create_app(load_settings()).app.conf.web_transport)"
+    )
+    env = {**os.environ, "FAUST_WEB_TRANSPORT": "unix:///tmp/not-here.sock"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tcp:"
