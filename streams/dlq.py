@@ -51,12 +51,15 @@ def _letters(word: str) -> bytes:
 
 
 _MENTION = re.compile(_letters(LOGPROBS_MARK), re.IGNORECASE)
-# For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): every
-# `"<key>":` whose key decodes to a logprobs name (escapes included), found at every quote so that a key
-# hidden inside another key's malformed value is found too. Up to 96 units (an escape's `\u` is one,
-# its 4 digits four): "token_logprobs" written wholly as `\uXXXX` escapes takes 70 (64 let it through).
-# A longer key naming logprobs is not matched as a key, so its mention cuts the rest of the record.
-_KEY = re.compile(rb'(?=("((?:[^"\\]|\\.){0,96})"\s*:\s*))', re.DOTALL)
+# For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): each
+# mention of logprobs is looked at in turn; when it lies inside a `"<key>":` whose key decodes to a
+# logprobs name (escapes included), that key's value is removed, else the rest of the record is cut.
+# A key is sought only at the quotes up to `_KEY_REACH` bytes before its mention, so the scan is linear
+# however the record is made (trying a key at every quote took seconds on a megabyte of `\"`). Up to 96
+# units (an escape's `\u` is one, its 4 digits four): "token_logprobs" written wholly as `\uXXXX`
+# escapes takes 70. A longer key naming logprobs is not matched as a key: its mention cuts the rest.
+_KEY = re.compile(rb'"((?:[^"\\]|\\.){0,96})"\s*:\s*', re.DOTALL)
+_KEY_REACH = 2 * 96 + 1
 _STRUCTURE = re.compile(rb'["\\\[\]{}]')
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 
@@ -71,26 +74,43 @@ class DeadLetter:
     message: str
 
 
-def _strip(value: object) -> object:
+class _MentionInValue(Exception):
+    """A string value of a JSON record mentions logprobs (the event serialised twice, a table whose
+    column is named "logprob"): the record is cut at the mention, as text, not just that string."""
+
+
+def _strip(value: object, removed: list[str]) -> object:
+    """`value` with every logprobs key's value replaced; the keys replaced are added to `removed`."""
     if isinstance(value, dict):
-        return {k: (_REMOVED if _names_logprobs(k) else _strip(v)) for k, v in value.items()}
+        stripped = {}
+        for key, item in value.items():
+            if _names_logprobs(key):
+                stripped[key] = _REMOVED
+                removed.append(key)
+            else:
+                stripped[key] = _strip(item, removed)
+        return stripped
     if isinstance(value, list):
-        return [_strip(v) for v in value]
+        return [_strip(item, removed) for item in value]
     if isinstance(value, str) and _names_logprobs(value):
-        return _REMOVED
+        raise _MentionInValue
     return value
 
 
 def strip_logprobs(raw: bytes, max_bytes: int) -> bytes:
     """The record as stored in the DLQ: every logprobs key's value replaced, at most `max_bytes` long."""
     raw = _as_utf8(raw)
+    if b"\x00" in raw and _MENTION.search(raw.replace(b"\x00", b"")):
+        return b""  # NULs between its letters (UTF-16 no detection found) could hide a key: keep nothing
     try:
-        stripped = orjson.dumps(_strip(orjson.loads(raw)))
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError):
-        # Not JSON, JSON with NaN / Infinity (which orjson rejects), or nested deeper than orjson writes
-        # (254 levels) or this module recurses: cut the values out textually.
-        stripped = _strip_text(raw)
-    return _cut(stripped, max_bytes)
+        removed: list[str] = []
+        stripped = _strip(orjson.loads(raw), removed)
+        stored = orjson.dumps(stripped) if removed else raw  # as sent, when nothing was removed
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError, RecursionError, _MentionInValue):
+        # Not JSON, JSON with NaN / Infinity (which orjson rejects), nested deeper than orjson writes
+        # (254 levels) or this module recurses, or mentioning logprobs in a value: cut textually.
+        stored = _strip_text(raw)
+    return _cut(stored, max_bytes)
 
 
 def _as_utf8(raw: bytes) -> bytes:
@@ -102,9 +122,7 @@ def _as_utf8(raw: bytes) -> bytes:
     try:
         return raw.decode(encoding).encode()
     except UnicodeDecodeError:
-        # Not text in any encoding JSON allows: NULs between letters could still hide a key. Nothing of
-        # it is kept once it mentions logprobs with its NULs taken out.
-        return b"" if _MENTION.search(raw.replace(b"\x00", b"")) else raw
+        return raw  # not text in that encoding: its NULs are looked at by the caller
 
 
 def _cut(data: bytes, max_bytes: int) -> bytes:
@@ -120,21 +138,15 @@ def _cut(data: bytes, max_bytes: int) -> bytes:
 def _strip_text(raw: bytes) -> bytes:
     """Every logprobs key with its value replaced; any other mention cuts the rest of the record."""
     spans: list[tuple[int, int, bytes]] = []  # (start, end, replacement), by start, not overlapping
-    for match in _KEY.finditer(raw):
-        if _is_logprobs_key(match.group(2)):
-            start, end = match.start(), _value_end(raw, match.start() + len(match.group(1)))
-            replacement = match.group(1) + b'"' + _REMOVED.encode() + b'"'  # the key, then the marker
-            if spans and start < spans[-1][1]:
-                spans[-1] = (spans[-1][0], max(spans[-1][1], end), spans[-1][2])
-            else:
-                spans.append((start, end, replacement))
-    covering = 0
     for mention in _MENTION.finditer(raw):
-        while covering < len(spans) and spans[covering][1] <= mention.start():
-            covering += 1
-        if covering == len(spans) or spans[covering][0] > mention.start():
-            spans = [*spans[:covering], (mention.start(), len(raw), _REMOVED.encode())]
+        if spans and mention.start() < spans[-1][1]:
+            continue  # inside a value already removed: a nested key goes with it
+        key = _key_around(raw, mention.start(), mention.end())
+        if key is None:
+            spans.append((mention.start(), len(raw), _REMOVED.encode()))
             break
+        end = _value_end(raw, key.end())
+        spans.append((key.start(), end, key.group(0) + b'"' + _REMOVED.encode() + b'"'))
     parts, last = [], 0
     for start, end, replacement in spans:
         parts += [raw[last:start], replacement]
@@ -143,8 +155,19 @@ def _strip_text(raw: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _names_logprobs(key: str) -> bool:
-    return LOGPROBS_MARK in key.lower()
+def _key_around(raw: bytes, start: int, end: int) -> re.Match[bytes] | None:
+    """The `"<key>":` naming logprobs whose key holds the mention at `start:end`, if there is one."""
+    quote = start
+    while (quote := raw.rfind(b'"', max(0, start - _KEY_REACH), quote)) != -1:
+        key = _KEY.match(raw, quote)
+        if key is not None and key.end(1) >= end and _is_logprobs_key(key.group(1)):
+            return key
+    return None
+
+
+def _names_logprobs(text: str) -> bool:
+    """Whether `text` mentions logprobs, also as written with `\\u` escapes (JSON inside a string)."""
+    return _MENTION.search(text.encode("utf-8", "surrogatepass")) is not None
 
 
 def _is_logprobs_key(name: bytes) -> bool:
@@ -162,7 +185,7 @@ def _is_logprobs_key(name: bytes) -> bool:
 # comment before the array) cuts the rest of the record from its key, so no number of it is kept.
 _SPACE = re.compile(rb"\s*")
 _SCALAR = re.compile(rb"(?:-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|true|false|null|NaN|-?Infinity)")
-_FOLLOWED_WELL = re.compile(rb'\s*(?:,\s*"|[}\]]|\Z)')
+_FOLLOWED_WELL = re.compile(rb'\s*(?:,\s*"(?:[^"\\]|\\.){0,96}"\s*:|[}\]]|\Z)', re.DOTALL)
 
 
 def _value_end(raw: bytes, start: int) -> int:

@@ -8,10 +8,12 @@ mention cuts the record.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
 import pytest
 
+from streams import dlq
 from streams.dlq import strip_logprobs
 
 
@@ -97,3 +99,61 @@ def test_records_serialised_wrongly_keep_no_logprob(case: int) -> None:
     kept = [v for v in values if repr(v).lstrip("-").encode() in stored.replace(b"\x00", b"")]
     assert kept == [], stored
     assert stored, "only records that are not text at all are stored empty"
+
+
+VALUE = b"1234567891"  # the ten decimals of every logprob below
+
+
+def _kept(stored: bytes) -> bool:
+    return VALUE in stored or VALUE in stored.replace(b"\x00", b"")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Quoted numbers without brackets: `, "` was taken for the next key.
+        b'{"token_logprobs": "-0.1", "-0.1234567891", "-0.3"}',
+        # UTF-16 that json.detect_encoding reads as UTF-8 (no NUL in its first bytes).
+        "€".encode("utf-16-le") + '{"token_logprobs":[-0.1234567891]}'.encode("utf-16-le"),
+        b'{"x":"' + '{"token_logprobs":[-0.1234567891]}'.encode("utf-16-le") + b'"}',
+        # Valid JSON whose string holds an event with an escaped key.
+        json.dumps({"raw_response": '{"token_\\u006cogprobs": [-0.1234567891]}'}).encode(),
+        # A table naming its column "logprob" (pandas' to_json(orient="split")), as JSON and not.
+        orjson.dumps({"columns": ["token", "logprob"], "data": [["hi", -0.1234567891]]}),
+        orjson.dumps({"columns": ["token", "logprob"], "data": [["hi", -0.1234567891]]}) + b"x",
+    ],
+)
+def test_more_shapes_keep_no_logprob(raw: bytes) -> None:
+    """Robustness review (thirtieth round): each of these kept its value after the first round of fixes."""
+    assert not _kept(strip_logprobs(raw, 1_000_000))
+
+
+def test_a_bad_record_without_logprobs_is_stored_as_sent() -> None:
+    """A valid-JSON record was stored after an orjson round trip: a user reading an `out_of_range`
+    dead letter saw 1.8446744073709552e+19 for the 18446744073709551616 that was refused."""
+    raw = b'{"a": 18446744073709551616, "b": 1E2, "c": -0, "d": "\\u00e9"}'
+    assert strip_logprobs(raw, 1_000_000) == raw
+
+
+def test_the_textual_path_looks_at_each_key_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value removed with its key takes the keys nested in it along: scanning each nested key's value
+    to the end again was quadratic (100 KB of `"logprob":[` took 68 s, stalling the worker past its
+    session timeout). And a key is sought only near a mention: at every quote, 1 MB of `\\"` took 3 s.
+    Counted, not timed."""
+    calls = {"value_end": 0, "key": 0}
+    value_end, key_around = dlq._value_end, dlq._key_around
+
+    def counted_value_end(raw: bytes, start: int) -> int:
+        calls["value_end"] += 1
+        return value_end(raw, start)
+
+    def counted_key_around(raw: bytes, start: int, end: int) -> Any:
+        calls["key"] += 1
+        return key_around(raw, start, end)
+
+    monkeypatch.setattr(dlq, "_value_end", counted_value_end)
+    monkeypatch.setattr(dlq, "_key_around", counted_key_around)
+    assert strip_logprobs(b'"logprob":[' * 9_000, 1_000_000) == b'"logprob":"<removed>"'
+    assert calls == {"value_end": 1, "key": 1}
+    assert strip_logprobs(b'\\"' * 50_000, 1_000_000) == b'\\"' * 50_000
+    assert calls == {"value_end": 1, "key": 1}  # no mention: no key sought
