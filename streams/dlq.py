@@ -36,10 +36,10 @@ Reason = Literal[
     "oversized_output",
 ]
 
-# A key is removed with its value when its name contains this, in any case: raw logprobs never leave
-# memory (DESIGN 1), whichever field a producer puts them in. So is a string value that mentions it
-# (the event serialised twice, a provider's raw answer kept as a string).
-LOGPROBS_MARK = "logprob"
+# A key is removed with its value when its name mentions logprobs (`_MENTION`: "logprob" in any case,
+# also `log_prob` or `log-prob`): raw logprobs never leave memory (DESIGN 1), whichever field a producer
+# puts them in. A string value that mentions them cuts the record there (the event serialised twice,
+# a provider's raw answer kept as a string).
 _REMOVED = "<removed>"
 
 
@@ -50,7 +50,8 @@ def _letters(word: str) -> bytes:
     )
 
 
-_MENTION = re.compile(_letters(LOGPROBS_MARK), re.IGNORECASE)
+# Also spelt with a separator (`token_log_probs`, `log-probs`), as producers do.
+_MENTION = re.compile(_letters("log") + rb"(?:[_-]|\\u005f|\\u002d)?" + _letters("prob"), re.IGNORECASE)
 # For bytes orjson cannot read or write back (not JSON, NaN / Infinity literals, deep nesting): each
 # mention of logprobs is looked at in turn; when it lies inside a `"<key>":` whose key decodes to a
 # logprobs name (escapes included), that key's value is removed, else the rest of the record is cut.
@@ -185,7 +186,12 @@ def _is_logprobs_key(name: bytes) -> bool:
 # comment before the array) cuts the rest of the record from its key, so no number of it is kept.
 _SPACE = re.compile(rb"\s*")
 _SCALAR = re.compile(rb"(?:-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|true|false|null|NaN|-?Infinity)")
-_FOLLOWED_WELL = re.compile(rb'\s*(?:,\s*"(?:[^"\\]|\\.){0,96}"\s*:|[}\]]|\Z)', re.DOTALL)
+_NEXT_KEY = rb'"(?:[^"\\]|\\.){0,96}"\s*:'
+# After a closing bracket only brackets, commas and blanks may come before the next key or the end: in
+# `{"logprobs": -0.5}, -0.12, -0.3]` the bracket closes nothing of the value's, and numbers follow it.
+_FOLLOWED_WELL = re.compile(
+    rb"\s*(?:,\s*" + _NEXT_KEY + rb"|[}\]][\s}\],{\[]*(?:" + _NEXT_KEY + rb"|\Z)|\Z)", re.DOTALL
+)
 
 
 def _value_end(raw: bytes, start: int) -> int:

@@ -33,7 +33,9 @@ from tests.integration.fixtures import (
     deploy,
     free_port,
     health,
+    poll,
 )
+from tests.integration.workload import scrape
 
 
 def _traffic(tenant: str, n: int = 60) -> list[dict[str, Any]]:
@@ -94,6 +96,12 @@ def _scored_by_a_successor(d: Deployment, events: list[dict[str, Any]], why: str
     return own
 
 
+def _inputs_processed(port: int) -> float:
+    """`confidence_events_processed_total` over every event type: inputs stage 1 has processed."""
+    samples = scrape(port, timeout=5).samples
+    return sum(v for (name, _), v in samples.items() if name == "confidence_events_processed_total")
+
+
 def _wait_exit(worker: WorkerProcess, timeout: float = 90) -> int:
     assert worker.process is not None
     return worker.process.wait(timeout=timeout)
@@ -140,14 +148,19 @@ def test_a_broker_that_stops_answering_for_a_while_loses_nothing(send_timeout: f
     with harness._tansu() as private:
         assert private.process is not None
         d = deploy(private, partitions=2, SEND_TIMEOUT_SECONDS=str(send_timeout))
-        before, during = _traffic("pause-before", 30), _traffic("pause-during", 3000)
+        before, during = _traffic("pause-before", 30), _traffic("pause-during", 10_000)
         after = _traffic("pause-after", 30)
         worker = d.start_worker()
         try:
             d.produce(before)
             _collect_all(d, {e["event_id"] for e in before})
-            d.produce(during)  # the worker is still reading these when the broker stops answering
+            d.produce(during)
+            # Paused while the worker is part-way through them (a condition, not a time): it has
+            # batches to finish, so sends are in flight or about to be when the broker goes silent.
+            port, total = d.web_ports[0], len(before) + len(during)
+            processed = poll(lambda: _inputs_processed(port), lambda n: n > len(before), 60, 0.02)
             private.process.send_signal(signal.SIGSTOP)
+            assert len(before) < processed < total / 2, f"not part-way at the pause: {processed} of {total}"
             health_seen: set[tuple[str, int]] = set()
             try:
                 paused_until = time.monotonic() + 2 * d.settings.broker_session_timeout_seconds

@@ -121,6 +121,12 @@ def _kept(stored: bytes) -> bool:
         # A table naming its column "logprob" (pandas' to_json(orient="split")), as JSON and not.
         orjson.dumps({"columns": ["token", "logprob"], "data": [["hi", -0.1234567891]]}),
         orjson.dumps({"columns": ["token", "logprob"], "data": [["hi", -0.1234567891]]}) + b"x",
+        # A stray closing bracket after the value, and numbers after it.
+        b'{"logprobs": -0.5}, -0.1234567891, -0.3]',
+        b'{"token_logprobs": [-0.5]], [-0.1234567891]]',
+        # Spelt with a separator.
+        b'{"token_log_probs": [-0.1234567891]}',
+        b'{"log-probs": [-0.1234567891], "x": NaN}',
     ],
 )
 def test_more_shapes_keep_no_logprob(raw: bytes) -> None:
@@ -157,3 +163,81 @@ def test_the_textual_path_looks_at_each_key_once(monkeypatch: pytest.MonkeyPatch
     assert calls == {"value_end": 1, "key": 1}
     assert strip_logprobs(b'\\"' * 50_000, 1_000_000) == b'\\"' * 50_000
     assert calls == {"value_end": 1, "key": 1}  # no mention: no key sought
+
+
+# --- From a mutation review of the thirtieth round's dlq.py ------------------------------------------
+
+LONGEST_KEY = b"\\n" * 89 + b"logprob"  # 96 units in 185 bytes: the mention starts 179 bytes after the quote
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # A mention nested in a removed value is skipped, not the end of the scan: the next key is removed.
+        b'{"logprobs": {"logprob": -0.5}, "top_logprobs": [-0.1234567891], "x": NaN}',
+        # An object ends at its own closing brace, not at the first bracket that closes inside it.
+        b'{"logprobs": {"content": [{"token": "a"}], "top": [-0.1234567891]}, "x": NaN}',
+        b'{"logprobs": {"a": [1], "b": -0.1234567891}, "x": NaN}',
+        # An upper-case letter written as an escape (`\u004c` is "L") still mentions logprobs.
+        b'{"top_\\u004cogprobs": [-0.1234567891], "x": NaN}',
+    ],
+)
+def test_the_textual_path_keeps_no_logprob_after_a_nested_key_or_bracket(raw: bytes) -> None:
+    stored = strip_logprobs(raw, 1_000_000)
+    assert not _kept(stored), stored
+    assert stored.endswith(b'"<removed>", "x": NaN}'), stored
+
+
+@pytest.mark.parametrize(
+    ("raw", "stored"),
+    [
+        # The longest key matched, every unit but the mention an escape: the mention is 179 bytes in.
+        (
+            b'{"' + LONGEST_KEY + b'": [-0.5], "x": NaN}',
+            b'{"' + LONGEST_KEY + b'": "<removed>", "x": NaN}',
+        ),
+        # One unit longer is not matched as a key: its mention cuts the rest.
+        (
+            b'{"a' + LONGEST_KEY + b'": [-0.5], "x": NaN}',
+            b'{"a' + b"\\n" * 89 + b"<removed>",
+        ),
+        # An escape of a newline (not JSON) in the key, and in the key after the value.
+        (b'{"a\\\nlogprobs": [-0.5], "x": NaN}', b'{"a\\\nlogprobs": "<removed>", "x": NaN}'),
+        (b'{"logprobs": 1, "a\\\nb": NaN}', b'{"logprobs": "<removed>", "a\\\nb": NaN}'),
+        # Scalars in every form JSON and JavaScript write them end where they end.
+        (b'{"logprobs": -Infinity, "x": NaN}', b'{"logprobs": "<removed>", "x": NaN}'),
+        (b'{"logprobs": .5, "x": NaN}', b'{"logprobs": "<removed>", "x": NaN}'),
+        (b'{"logprobs": -1.5E-5, "x": NaN}', b'{"logprobs": "<removed>", "x": NaN}'),
+        # An object is a value too.
+        (b'{"logprobs": {"a": 1}, "x": NaN}', b'{"logprobs": "<removed>", "x": NaN}'),
+        # A value at the end of a truncated record: the blanks after it are kept.
+        (b'{"x": NaN, "logprobs": [1] \n', b'{"x": NaN, "logprobs": "<removed>" \n'),
+    ],
+)
+def test_the_textual_path_ends_a_value_exactly(raw: bytes, stored: bytes) -> None:
+    assert strip_logprobs(raw, 1_000_000) == stored
+
+
+def test_a_record_in_no_encoding_without_a_mention_is_stored_as_sent() -> None:
+    """NULs as in UTF-16 but an odd length (not UTF-16 after all): with no mention, nothing to hide."""
+    raw = '{"a": NaN}'.encode("utf-16-le") + b"!"
+    assert strip_logprobs(raw, 1_000_000) == raw
+
+
+class _CountedKey:
+    def __init__(self, key: Any) -> None:
+        self.key, self.calls = key, 0
+
+    def match(self, raw: bytes, pos: int) -> Any:
+        self.calls += 1
+        return self.key.match(raw, pos)
+
+
+def test_a_mention_that_is_no_key_looks_at_the_quotes_near_it_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mention after a megabyte of `\\"`: a key is tried at the quotes within `_KEY_REACH` bytes of it,
+    not at every quote before it. Counted, not timed."""
+    counted = _CountedKey(dlq._KEY)
+    monkeypatch.setattr(dlq, "_KEY", counted)
+    raw = b'\\"' * 50_000 + b"logprob"
+    assert strip_logprobs(raw, 1_000_000) == b'\\"' * 50_000 + b"<removed>"
+    assert 0 < counted.calls <= dlq._KEY_REACH
