@@ -83,7 +83,7 @@ class _MentionInValue(Exception):
 def _strip(value: object, removed: list[str]) -> object:
     """`value` with every logprobs key's value replaced; the keys replaced are added to `removed`."""
     if isinstance(value, dict):
-        stripped = {}
+        stripped: dict[str, object] = {}
         for key, item in value.items():
             if _names_logprobs(key):
                 stripped[key] = _REMOVED
