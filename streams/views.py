@@ -79,8 +79,8 @@ async def _from_owner(
     web: Any, app: faust.App, request: Request, owner: Callable[[], URL], what: str
 ) -> Response | None:
     """The owning worker's answer, or None when this worker owns the key (the view then answers from
-    its own table). `owner` is Faust's router lookup for the key; the forwarding is Faust's
-    `Router._route_req` plus the one-hop mark."""
+    its own table). `owner` is Faust's router lookup for the key; it is forwarded as Faust's
+    `Router._route_req` forwards, with the one-hop mark added."""
     try:
         url = owner()
     except KeyError:  # the assignment is not known yet

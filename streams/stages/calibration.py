@@ -30,8 +30,11 @@ from streams.stages.common import (
     Outputs,
     Record,
     ValueBound,
+    escaped_size,
     is_flagged,
     now,
+    outcome_texts,
+    subject_texts,
     tenant_partition,
 )
 from streams.state import (
@@ -134,21 +137,13 @@ def _plus(
 
 
 def _entry_size_bound(key: bytes, entry: SubjectEntry) -> int:
-    """An upper bound of a subject entry's record size, without encoding it: every character of its
-    ids as JSON's longest escape (6 bytes) and a generous allowance for each item's other fields."""
-    chars = sum(map(len, entry.applied))
-    for outcome in entry.waiting:
-        ids = (
-            outcome.event_id,
-            outcome.tenant_id,
-            outcome.trace_id,
-            outcome.subject_event_id,
-            outcome.claim_id,
-        )
-        chars += sum(len(i) for i in ids if i is not None)
-    if (subject := entry.subject) is not None:
-        chars += sum(len(s) for s in (subject.subject_id, subject.model, subject.agent_type) if s is not None)
-    return len(key) + 6 * chars + 512 * (2 + len(entry.applied) + len(entry.waiting))
+    """An upper bound of a subject entry's record size, without encoding it: its ids at their longest
+    in JSON and a generous allowance for each item's other fields."""
+    texts: list[str | None] = [*entry.applied]
+    texts += (text for outcome in entry.waiting for text in outcome_texts(outcome))
+    if entry.subject is not None:
+        texts += subject_texts(entry.subject)
+    return len(key) + escaped_size(texts) + 512 * (2 + len(entry.applied) + len(entry.waiting))
 
 
 class _Batch:

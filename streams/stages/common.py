@@ -7,7 +7,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Generic, Protocol, TypeVar
@@ -18,9 +18,9 @@ from pydantic import BaseModel
 
 from streams.config import Settings
 from streams.dlq import DeadLetter, Reason, connect_headers, strip_logprobs
-from streams.events import ID_MAX_CHARS
+from streams.events import ID_MAX_CHARS, OutcomeEvent
 from streams.metrics import Metrics
-from streams.state import CalibrationItem, CalibrationMessage
+from streams.state import CalibrationItem, CalibrationMessage, CalibrationSubject
 
 __all__ = [
     "ExpiryClock",
@@ -406,21 +406,29 @@ class Rejected(Exception):
         self.letter = letter
 
 
+def escaped_size(texts: Iterable[str | None]) -> int:
+    """The most bytes `texts` can take in JSON: 6 per character (a control character is `\\u0001`)."""
+    return 6 * sum(len(text) for text in texts if text is not None)
+
+
+def subject_texts(subject: CalibrationSubject) -> tuple[str | None, ...]:
+    """A calibration subject's free-text fields, which make its size."""
+    return subject.subject_id, subject.model, subject.agent_type
+
+
+def outcome_texts(outcome: OutcomeEvent) -> tuple[str | None, ...]:
+    """An OUTCOME's ids, which make its size."""
+    return outcome.event_id, outcome.tenant_id, outcome.trace_id, outcome.subject_event_id, outcome.claim_id
+
+
 def _calibration_size_bound(tenant: str, item: CalibrationItem) -> int:
-    """An upper bound of a one-item calibration message's size: every character of its strings as
-    JSON's longest escape (6 bytes), and 1 KB for its numbers, names and punctuation."""
-    strings: list[str | None] = [tenant]
-    if (subject := item.subject) is not None:
-        strings += [subject.subject_id, subject.model, subject.agent_type]
-    if (outcome := item.outcome) is not None:
-        strings += [
-            outcome.event_id,
-            outcome.tenant_id,
-            outcome.trace_id,
-            outcome.subject_event_id,
-            outcome.claim_id,
-        ]
-    return 6 * sum(len(s) for s in strings if s is not None) + 1024
+    """An upper bound of a one-item calibration message's size, and 1 KB for its numbers and names."""
+    texts: list[str | None] = [tenant]
+    if item.subject is not None:
+        texts += subject_texts(item.subject)
+    if item.outcome is not None:
+        texts += outcome_texts(item.outcome)
+    return escaped_size(texts) + 1024
 
 
 @dataclass(frozen=True, slots=True)
