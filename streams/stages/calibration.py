@@ -318,7 +318,9 @@ class CalibrationStage:
         """Write a subject's entry, or refuse the item (dead-lettered, nothing counted) if the entry
         would be a record over MAX_RECORD_BYTES: the broker would refuse it at every restart."""
         self.entry_bound.checked(
-            _entry_size_bound(key, entry), lambda: len(key) + len(entry.model_dump_json()), batch.record
+            _entry_size_bound(key, entry),
+            lambda: len(key) + len(entry.model_dump_json().encode()),
+            batch.record,
         )
         batch.write("subjects", key, entry)
 

@@ -591,29 +591,33 @@ def test_counted_outcome_ids_leave_once_no_newer_score_could_join_them() -> None
 ESCAPED = "\x01"  # 6 bytes in JSON (\u0001): an id of them is the longest an id encodes to
 
 
-def _long_outcome(i: int) -> CalibrationItem:
-    """An outcome whose ids are at their longest, encoded: 1,024 escaped characters each."""
-    item = _outcome(ESCAPED * 1020 + f"{i:04d}", ESCAPED * 1024, 1)
+def _long_outcome(i: int, char: str) -> CalibrationItem:
+    """An outcome whose ids are 1,024 `char`s each."""
+    item = _outcome(char * 1020 + f"{i:04d}", char * 1024, 1)
     assert item.outcome is not None
-    return item.model_copy(update={"outcome": item.outcome.model_copy(update={"trace_id": ESCAPED * 1024})})
+    return item.model_copy(update={"outcome": item.outcome.model_copy(update={"trace_id": char * 1024})})
 
 
-def test_a_subject_entry_never_grows_past_max_record_bytes() -> None:
+# 6 bytes in JSON as an escape; 4 bytes in UTF-8 but one character of the JSON text.
+@pytest.mark.parametrize("char", [ESCAPED, "\U0010ffff"], ids=["escaped", "four-byte"])
+def test_a_subject_entry_never_grows_past_max_record_bytes(char: str) -> None:
     """Review (thirtieth round): only the count of outcomes bounded a subject's entry. Ids of escaped
     characters made 48 waiting outcomes (the setting's maximum) a 1.2 MB changelog record, which a
     broker refuses at every restart; a lower MAX_RECORD_BYTES was passed by far fewer. An outcome that
-    would take the entry past it is dead-lettered now (oversized_output) and counted nowhere."""
+    would take the entry past it is dead-lettered now (oversized_output) and counted nowhere. The
+    re-read of the change found the exact size taken in characters, not bytes: 48 outcomes with ids of
+    4-byte characters passed a 200 KB bound at 590 KB."""
     worker = _Worker(
         calibration_max_outcomes_per_subject=48, max_record_bytes=200_000, producer_max_batch_bytes=200_000
     )
     reasons = []
     for i in range(48):
-        records, _ = worker.feed(_long_outcome(i))
+        records, _ = worker.feed(_long_outcome(i, char))
         reasons += [reason for _, reason in dead(records)]
-    key = subject_key(TENANT, "response", ESCAPED * 1024)
+    key = subject_key(TENANT, "response", char * 1024)
     entry = worker.tables[key]
     assert isinstance(entry, SubjectEntry)
-    size = len(key) + len(entry.model_dump_json())
+    size = len(key) + len(entry.model_dump_json().encode())
     assert size <= 200_000
     assert len(entry.waiting) + len(reasons) == 48 and 8 <= len(entry.waiting) < 48
     assert set(reasons) == {b"oversized_output"}
@@ -650,4 +654,7 @@ def test_the_entry_size_estimate_is_never_below_the_encoded_size() -> None:
             ),
         ):
             key = subject_key(long_id, "claim", long_id)
-            assert _entry_size_bound(key, entry) >= len(key) + len(entry.model_dump_json()), (char, entry)
+            assert _entry_size_bound(key, entry) >= len(key) + len(entry.model_dump_json().encode()), (
+                char,
+                entry,
+            )
