@@ -161,7 +161,8 @@ def _key_around(raw: bytes, start: int, end: int) -> re.Match[bytes] | None:
     quote = start
     while (quote := raw.rfind(b'"', max(0, start - _KEY_REACH), quote)) != -1:
         key = _KEY.match(raw, quote)
-        if key is not None and key.end(1) >= end and _is_logprobs_key(key.group(1)):
+        # A key that holds the mention names logprobs: decoding its escapes cannot take the mention away.
+        if key is not None and key.end(1) >= end:
             return key
     return None
 
@@ -169,16 +170,6 @@ def _key_around(raw: bytes, start: int, end: int) -> re.Match[bytes] | None:
 def _names_logprobs(text: str) -> bool:
     """Whether `text` mentions logprobs, also as written with `\\u` escapes (JSON inside a string)."""
     return _MENTION.search(text.encode("utf-8", "surrogatepass")) is not None
-
-
-def _is_logprobs_key(name: bytes) -> bool:
-    if b"\\" in name:
-        try:
-            key = json.loads(b'"' + name + b'"', strict=False)  # the key written with escapes
-            return isinstance(key, str) and _names_logprobs(key)
-        except ValueError:
-            pass  # an invalid escape: read it as written, escapes of letters included
-    return _MENTION.search(name) is not None
 
 
 # A logprobs value is replaced only when it is one whole value followed by the record's next key, its
