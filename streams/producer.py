@@ -72,12 +72,36 @@ def build(event_class: type[E], /, **fields: Any) -> E:
     # Through JSON on purpose: strict JSON decoding is what the service applies, so whatever `build`
     # accepts, the worker accepts (a Python-mode strict validation would, e.g., refuse nested dicts).
     try:
-        return event_class.model_validate_json(_json(fields))
+        encoded = _json(fields)
+    except pydantic_core.PydanticSerializationError:
+        # A str that is not valid Unicode (a lone surrogate) has no JSON form, and the worker refuses
+        # its escape as `invalid_json`: refused here as a ValidationError like any other bad value.
+        raise ValidationError.from_exception_data(
+            event_class.__name__,
+            [_unencodable(name) for name, value in fields.items() if not _encodes(value)],
+            input_type="json",
+            hide_input=True,
+        ) from None
+    try:
+        return event_class.model_validate_json(encoded)
     except ValidationError as exc:
         # The message leaves input values out, so a logprob never lands in the agent's logs.
         raise ValidationError.from_exception_data(
             exc.title, [_init_details(e) for e in exc.errors()], input_type="json", hide_input=True
         ) from None
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        _json(value)
+    except pydantic_core.PydanticSerializationError:
+        return False
+    return True
+
+
+def _unencodable(name: str) -> InitErrorDetails:
+    message = "cannot be encoded as JSON (a string must be valid Unicode, without lone surrogates)"
+    return InitErrorDetails(type=PydanticCustomError("invalid_text", message), loc=(name,), input=None)
 
 
 def _init_details(error: ErrorDetails) -> InitErrorDetails:

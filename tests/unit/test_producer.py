@@ -108,12 +108,29 @@ def test_build_keeps_what_the_caller_gave() -> None:
         ({"event_type": "CLAIM"}, "event_type"),
         ({"timestamp": "9999-12-31T23:00:00Z"}, "timestamp"),  # the models' own error types too
         ({"trace_id": "t" * 1025}, "trace_id"),
+        ({"response": "x\ud800"}, "response"),  # a lone surrogate: the worker's `invalid_json`
+        ({"agent_name": "\udc00a"}, "agent_name"),
     ],
 )
 def test_build_refuses_what_the_service_would_dead_letter(fields: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         build(LlmResponse, **{**RESPONSE, **fields})
     assert field in {".".join(str(p) for p in e["loc"]) for e in err.value.errors()}
+
+
+def test_a_lone_surrogate_is_refused_by_build_as_by_the_worker() -> None:
+    """JSON can spell `\\ud800`, and the schemas accept it, but it is no Unicode text: the worker
+    dead-letters it as `invalid_json`, and `build` raises ValidationError for it, as its docstring says
+    (it raised pydantic's serialisation error before)."""
+    event = build(LlmResponse, **RESPONSE)
+    escaped = encode(event).replace(b'"Done."', b'"Done.\\ud800"')
+    assert b"\\ud800" in escaped
+    refused = decode(escaped, *LIMITS)
+    assert not isinstance(refused, BaseModel) and refused.reason == "invalid_json"
+    with pytest.raises(ValidationError, match="valid Unicode") as err:
+        build(LlmResponse, **{**RESPONSE, "response": "Done.\ud800"})
+    assert [e["loc"] for e in err.value.errors()] == [("response",)]
+    assert "\\ud800" not in str(err.value)
 
 
 def test_build_refuses_an_outcome_with_two_verdicts_as_the_service_would() -> None:
