@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from streams.events import LlmResponse, OutcomeEvent, ScoreKind, SubjectType
 from streams.scoring.calibration import ActionStats, BinStats
@@ -207,16 +207,27 @@ def encode_history_hour(hour: HistoryHour) -> bytes:
 
 
 class ClaimMessage(BaseModel):
-    """A CLAIM input on its way to the claim stage (keyed by tenant): the claim as the graph keeps it."""
+    """A CLAIM input on its way to the claim stage (keyed by tenant): the claim as the graph keeps it.
+
+    Or an OUTCOME that judges a claim: it goes the same way, so that the calibration stage receives it
+    behind the scores of the claims stage 1 sent before it (and not ahead of them, straight from stage 1).
+    """
 
     model_config = ConfigDict(frozen=True)
     tenant_id: str
-    arrived: ClaimArrived
+    arrived: ClaimArrived | None = None
+    outcome: OutcomeEvent | None = Field(None, description="An OUTCOME with a claim_id (then no claim).")
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
     source_partition: int = Field(0, description="Input partition the claim came from (expiry watermark).")
     redelivered: bool = Field(
         False, description="Stage 1 applied this input before: the claim stage re-emits, never re-applies."
     )
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ClaimMessage:
+        if (self.arrived is None) == (self.outcome is None):
+            raise ValueError("a claim message carries a claim or an outcome, exactly one")
+        return self
 
 
 class CalibrationSubject(BaseModel):

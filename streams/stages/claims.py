@@ -10,7 +10,7 @@ import orjson
 
 from streams.config import ScoringConfigs, Settings
 from streams.dlq import DeadLetter
-from streams.events import ClaimScored
+from streams.events import ClaimScored, OutcomeEvent
 from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
@@ -31,7 +31,7 @@ from streams.stages.common import (
 )
 from streams.state import CalibrationItem, CalibrationSubject, ClaimMessage, table_key
 
-__all__ = ["ClaimStage", "ClaimWrite", "claim_message"]
+__all__ = ["ClaimStage", "ClaimWrite", "claim_message", "claim_outcome_message"]
 
 
 def claim_message(
@@ -54,6 +54,28 @@ def claim_message(
         tenant_id.encode(),
         value.model_dump_json().encode(),
         partition=tenant_partition(tenant_id, settings.topic_partitions),
+    )
+
+
+def claim_outcome_message(settings: Settings, outcome: OutcomeEvent, source: InputRecord) -> Record:
+    """The record that carries an OUTCOME judging a claim from stage 1 through the claim stage.
+
+    Keyed and partitioned by tenant like the CLAIMs, so stage 3 hands it to the calibration stage after
+    the scores of every claim stage 1 sent before it: the outcome is counted against the score made
+    last before it, whatever the batches or how far stage 3 lags (sent straight from stage 1, it
+    overtook the scores of claims in the same batch and was counted against an older one).
+    """
+    value = ClaimMessage(
+        tenant_id=outcome.tenant_id,
+        outcome=outcome,
+        received_at=source.timestamp,
+        source_partition=source.partition,
+    )
+    return Record(
+        settings.claims_topic,
+        outcome.tenant_id.encode(),
+        value.model_dump_json().encode(),
+        partition=tenant_partition(outcome.tenant_id, settings.topic_partitions),
     )
 
 
@@ -132,6 +154,14 @@ class ClaimStage:
     def _one(self, record: InputRecord, batch: _Batch, out: Outputs) -> None:
         message = ClaimMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
+        if message.outcome is not None:
+            # Passed on behind the claim scores queued before it (one message per tenant and source,
+            # in order); the calibration stage de-duplicates a re-delivered outcome.
+            if self.settings.calibration_enabled:
+                item = CalibrationItem(outcome=message.outcome, received_at=message.received_at)
+                out.calibrate(tenant, upstream("claims", record.partition), item)
+            return
+        assert message.arrived is not None  # the model holds exactly one of the two
         try:
             update = claim_graph.apply_claim(
                 lambda claim_id: batch.node(table_key(tenant, claim_id)),

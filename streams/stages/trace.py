@@ -22,7 +22,7 @@ from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph, evidence, heuristic, response, synthesis
 from streams.stages.calibration import calibration_records, upstream
-from streams.stages.claims import claim_message
+from streams.stages.claims import claim_message, claim_outcome_message
 from streams.stages.common import (
     ExpiryClock,
     InputRecord,
@@ -218,6 +218,10 @@ class TraceStage:
     def _outcome(self, event: OutcomeEvent, record: InputRecord, out: Outputs) -> None:
         if not self.settings.calibration_enabled:
             self.metrics.outcomes.labels("disabled").inc()
+            return
+        if event.subject_type == "claim":
+            # A claim's scores come from the claim stage: the outcome goes that way too, behind them.
+            out.forward(claim_outcome_message(self.settings, event, record))
             return
         source = upstream("trace", record.partition)
         out.calibrate(event.tenant_id, source, CalibrationItem(outcome=event, received_at=record.timestamp))

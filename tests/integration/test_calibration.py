@@ -365,6 +365,39 @@ def test_a_redelivered_outcome_counts_once_after_its_score_was_swept(kafka: Runn
         d.stop()
 
 
+def test_a_claim_outcome_is_counted_against_the_claims_score_made_last_before_it(
+    kafka: RunningBroker,
+) -> None:
+    """Thirty-first round: claim scores reach the calibration stage from the claim stage, and outcomes
+    went there straight from stage 1, so an outcome overtook the re-score of the claim it judged when
+    both came in one batch (counted at A's first score, 0.75, not its last, 0.6285). Claim outcomes
+    now go through the claim stage, behind the scores of the claims before them."""
+    d = deploy(kafka, partitions=2, CALIBRATION_MIN_SAMPLES="1")
+    f = EventFactory(tenant="claim-order")
+    a = f.claim("order", "A", 1, provenance=[{"source_type": "agent", "confidence": 0.9}])
+    b = f.claim(
+        "order",
+        "B",
+        2,
+        provenance=[{"source_type": "agent", "confidence": 0.9}],
+        relationships=[{"type": "contradicts", "target": "A", "strength": 0.9}],
+    )
+    d.start_worker()
+    try:
+        d.produce([a, b, f.outcome("order", 3, claim_id="A", correct=True)])  # one batch of stage 1
+        query = "agent_type=planner&kind=claim"
+        group = wait_for(lambda: group_view(d, query, 1, tenant="claim-order"), "the claim group")
+        records = d.collect(
+            lambda rs: sum(1 for o in d.outputs(rs) if o.get("claim_id") == "A") >= 2, timeout=30
+        )
+    finally:
+        d.stop()
+    a_scores = [o["interval"]["midpoint"] for o in d.outputs(records) if o.get("claim_id") == "A"]
+    assert len(a_scores) == 2 and a_scores[1] < a_scores[0]  # B's contradiction re-scored A
+    counted_at = [b["mean_predicted"] for b in group["bins"] if b["mean_predicted"] is not None]
+    assert counted_at == [pytest.approx(a_scores[1])], (counted_at, a_scores)
+
+
 def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS

@@ -1,0 +1,169 @@
+"""An OUTCOME that judges a claim is counted against the claim's score made last before it, however
+stage 1's input is cut into batches and however far the claim stage lags behind the calibration stage.
+
+Stages 1, 3 and 4 without Kafka, over in-memory tables. Claim scores reach the calibration stage from
+the claim stage; an outcome sent there straight from stage 1 overtook the scores of the claims before it
+(the batch-cut review: counted against A's first score, 0.75, instead of its last, 0.6285).
+(Through the broker: tests/integration/test_calibration.py.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from streams import metrics
+from streams.config import load_settings, scoring_configs
+from streams.scoring.claim_graph import ClaimNode
+from streams.stages import CalibrationStage, InputRecord, Record, TraceStage
+from streams.stages.calibration import Table, group_key
+from streams.stages.claims import ClaimStage
+from streams.state import GroupCalibration, TraceState
+
+COMMON = {"tenant_id": "t", "trace_id": "tr", "agent_name": "a", "agent_type": "planner", "schema_version": 1}
+
+
+def _claim(event_id: str, second: int, claim_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        **COMMON,
+        "event_id": event_id,
+        "event_type": "CLAIM",
+        "timestamp": f"2026-11-22T10:00:{second:02d}Z",
+        "claim_id": claim_id,
+        "statement": claim_id,
+        "source_id": "s",
+        "tier": "task",
+        "provenance": [{"source_type": "agent", "confidence": 0.9, "source_id": "x"}],
+        **fields,
+    }
+
+
+EVENTS = [
+    _claim("e1", 1, "A"),
+    _claim("e2", 2, "B", relationships=[{"type": "contradicts", "target": "A", "strength": 0.9}]),
+    {
+        **COMMON,
+        "event_id": "o1",
+        "event_type": "OUTCOME",
+        "timestamp": "2026-11-22T10:00:03Z",
+        "claim_id": "A",
+        "correct": True,
+        "source": "human",
+    },
+]
+
+
+class _Worker:
+    """Stages 1, 3 and 4 and their tables. Each stage's records for a later one wait in its inbox until
+    that stage is run, so a test decides which stage runs first."""
+
+    def __init__(self) -> None:
+        settings = load_settings(calibration_min_samples=1, calibration_update_min_interval_minutes=0)
+        configs, registry = scoring_configs(settings), metrics.create(CollectorRegistry())
+        self.settings = settings
+        self.trace = TraceStage(settings, configs, registry)
+        self.claims = ClaimStage(settings, configs, registry)
+        self.calibration = CalibrationStage(settings, configs, registry)
+        self.traces: dict[bytes, TraceState] = {}
+        self.nodes: dict[bytes, ClaimNode] = {}
+        self.calibration_tables: dict[bytes, BaseModel] = {}
+        self.inbox: dict[str, list[Record]] = {settings.claims_topic: [], settings.calibration_topic: []}
+        self.scored: list[dict[str, Any]] = []
+        self.offset = 0
+
+    def stage_1(self, events: list[dict[str, Any]]) -> None:
+        batch = []
+        for event in events:
+            batch.append(InputRecord("agent-events", 0, self.offset, 1.0, orjson.dumps(event)))
+            self.offset += 1
+        records, states = self.trace.process(batch, self.traces.get)
+        self.traces.update(states)
+        self._route(records)
+
+    def stage_3(self) -> None:
+        records, writes = self.claims.process(self._take(self.settings.claims_topic), self.nodes.get)
+        self.nodes.update({key: write.node for key, write in writes.items()})
+        self._route(records)
+
+    def stage_4(self) -> None:
+        def load(_table: Table, key: bytes) -> BaseModel | None:
+            return self.calibration_tables.get(key)
+
+        records, writes = self.calibration.process(self._take(self.settings.calibration_topic), load)
+        for key, write in writes.items():
+            if write.value is None:
+                self.calibration_tables.pop(key, None)
+            else:
+                self.calibration_tables[key] = write.value
+        self._route(records)
+
+    def _route(self, records: list[Record]) -> None:
+        for record in records:
+            if record.topic in self.inbox:
+                self.inbox[record.topic].append(record)
+            elif record.topic == self.settings.scored_topic:
+                self.scored.append(orjson.loads(record.value))
+            assert record.topic != self.settings.dlq_topic, record
+
+    def _take(self, topic: str) -> list[InputRecord]:
+        taken, self.inbox[topic] = self.inbox[topic], []
+        return [InputRecord(topic, r.partition or 0, i, 1.0, r.value, r.key) for i, r in enumerate(taken)]
+
+    def counted_at(self) -> list[float]:
+        """The score each counted outcome of the tenant's claim group was counted at (bins' mean score)."""
+        group = self.calibration_tables[group_key("t", "agent_type", "planner", "claim")]
+        assert isinstance(group, GroupCalibration)
+        return sorted(stats.sum_predicted / stats.n for stats in group.bins.values())
+
+
+def _one_at_a_time() -> _Worker:
+    w = _Worker()
+    for event in EVENTS:
+        w.stage_1([event])
+        w.stage_3()
+        w.stage_4()
+    return w
+
+
+@pytest.mark.parametrize("calibration_first", [True, False])
+def test_a_claim_outcome_is_counted_against_the_claims_last_score_whatever_the_batches(
+    calibration_first: bool,
+) -> None:
+    expected = _one_at_a_time()
+    a_scores = [o["interval"]["midpoint"] for o in expected.scored if o.get("claim_id") == "A"]
+    assert len(a_scores) == 2 and a_scores[1] < a_scores[0]  # B's contradiction re-scored A lower
+    assert expected.counted_at() == [pytest.approx(a_scores[1])]
+
+    w = _Worker()
+    w.stage_1(EVENTS)  # one batch
+    if calibration_first:  # the calibration stage reads before the claim stage has caught up
+        w.stage_4()
+    w.stage_3()
+    w.stage_4()
+    assert w.counted_at() == expected.counted_at()
+    assert w.calibration_tables == expected.calibration_tables
+
+
+def test_a_claim_message_with_neither_or_both_a_claim_and_an_outcome_is_dead_lettered_alone() -> None:
+    w = _Worker()
+    w.stage_1(EVENTS[:1] + EVENTS[2:])  # claim A and an outcome for it: two claim-stage messages
+    claim, outcome = (orjson.loads(r.value) for r in w.inbox[w.settings.claims_topic])
+    assert "arrived" in claim and claim["outcome"] is None and outcome["arrived"] is None
+    neither = {**claim, "arrived": None}
+    both = {**claim, "outcome": outcome["outcome"]}
+    batch = [
+        InputRecord(w.settings.claims_topic, 0, offset, 1.0, orjson.dumps(value))
+        for offset, value in enumerate([neither, both, claim])
+    ]
+    records, writes = w.claims.process(batch, w.nodes.get)
+    letters = [dict(r.headers or []) for r in records if r.topic == w.settings.dlq_topic]
+    assert [(h["__connect.errors.offset"], h["__connect.errors.reason"]) for h in letters] == [
+        (b"0", b"processing_error"),
+        (b"1", b"processing_error"),
+    ]
+    assert [o["claim_id"] for o in map(orjson.loads, (r.value for r in records)) if "claim_id" in o] == ["A"]
+    assert len(writes) == 1
