@@ -272,7 +272,8 @@ class CalibrationStage:
         # The pair joins by `_pairs`, the rule `_outcome` applies when the outcome is the second to arrive.
         # An outcome whose wait had ended by this score's event time is unmatched, as the sweep would
         # have made it; one dated past this score's join window waits on for a newer score, as it would
-        # had it arrived second: whether the sweep ran, or which arrived first, must not decide.
+        # had it arrived second: whether the sweep ran, or which arrived first, must not decide (for
+        # items that arrive before the clock passes their windows; README "One limit: expiry").
         joined: list[OutcomeEvent] = []
         waiting: list[OutcomeEvent] = []
         unmatched = 0
