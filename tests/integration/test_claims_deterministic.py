@@ -16,23 +16,34 @@ import orjson
 
 from streams.events import ClaimEvent
 from streams.harness import RunningBroker
+from streams.scoring import calibration
+from streams.scoring.calibration import Histogram
 from streams.scoring.claim_graph import ClaimArrived, ClaimNode, apply_claim
 from streams.scoring.claims import ClaimsConfig
 from streams.stages.trace import claim_definition
-from tests.integration.fixtures import T0, Deployment, EventFactory, count_of, deploy
+from tests.integration.fixtures import T0, Deployment, EventFactory, count_of, deploy, get_json, poll
 
 Triple = tuple[str, str, float, float]  # (source_event_id, claim_id, lower, upper)
 
 
+OUTCOME_EVERY = 6  # an OUTCOME for a claim already scored after every sixth claim
+OUTCOME_MINUTES = 601  # after every claim's event time: each pair joins (wait 1 h, window 7 days)
+
+
 def _claim_stream(tenant: str, n: int = 60, seed: int = 11) -> list[dict[str, Any]]:
     """A mixed stream in one trace: forward references, contradictions both ways, supports, derived
-    claims, replacements and out-of-order event times."""
+    claims, replacements and out-of-order event times; and OUTCOMEs judging claims seen before them."""
     rng = random.Random(seed)
     f = EventFactory(tenant=tenant)
     f.run = f"fixed-{tenant}"
     ids = [f"k{i}" for i in range(20)]
-    events = []
-    for _ in range(n):
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        if i and i % OUTCOME_EVERY == 0:
+            judged = rng.choice(sorted({e["claim_id"] for e in events if e["event_type"] == "CLAIM"}))
+            events.append(
+                f.outcome(f"claims-{tenant}", OUTCOME_MINUTES, claim_id=judged, correct=rng.random() < 0.6)
+            )
         claim_id = rng.choice(ids)
         relationships = [
             {
@@ -63,11 +74,18 @@ def _claim_stream(tenant: str, n: int = 60, seed: int = 11) -> list[dict[str, An
     return events
 
 
-def _sequential(events: list[dict[str, Any]]) -> list[Triple]:
-    """The pure graph function applied in topic order: what every deployment must emit."""
+def _sequential(events: list[dict[str, Any]]) -> tuple[list[Triple], Histogram]:
+    """The pure graph function applied in topic order: what every deployment must emit; and the
+    calibration of the tenant's claims, each OUTCOME counted at its claim's last score before it."""
     nodes: dict[str, ClaimNode] = {}
     triples = []
+    last_midpoint: dict[str, float] = {}
+    histogram: Histogram = {}
     for raw in events:
+        if raw["event_type"] == "OUTCOME":
+            observed = 1.0 if raw["correct"] else 0.0
+            histogram = calibration.add(histogram, last_midpoint[raw["claim_id"]], observed)
+            continue
         event = ClaimEvent.model_validate_json(orjson.dumps(raw))
         update = apply_claim(
             nodes.get,
@@ -80,7 +98,8 @@ def _sequential(events: list[dict[str, Any]]) -> list[Triple]:
         triples += [
             (s.source_event_id, s.claim_id, s.interval.lower, s.interval.upper) for s in update.scores
         ]
-    return triples
+        last_midpoint.update((s.claim_id, s.interval.midpoint) for s in update.scores)
+    return triples, histogram
 
 
 def _claim_outputs(d: Deployment, expected: int, tenants: set[str]) -> list[dict[str, Any]]:
@@ -97,13 +116,36 @@ def _triples(outputs: list[dict[str, Any]]) -> list[Triple]:
     ]
 
 
+def _claim_calibration(d: Deployment, tenant: str, outcomes: int) -> list[dict[str, Any]]:
+    """The reliability bins of the tenant's claim group, once it counted all its outcomes."""
+
+    def fetch() -> dict[str, Any]:
+        status, body = get_json(d.web_ports[0], f"/calibration/{tenant}?agent_type=planner&kind=claim")
+        return body if status == 200 else {"status": status, "body": body}
+
+    def counted(body: dict[str, Any]) -> bool:
+        return [g["samples"] for g in body.get("groups", [])] == [outcomes]
+
+    body = poll(fetch, counted, timeout=60, interval=0.3)
+    assert counted(body), f"the claim group of {tenant} did not count {outcomes} outcomes: {body}"
+    return list(body["groups"][0]["bins"])
+
+
+def _rounded(bins: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Means to 9 decimals: a sum of the same terms in the same order, through JSON."""
+    return {
+        tenant: [{k: round(v, 9) if isinstance(v, float) else v for k, v in b.items()} for b in group]
+        for tenant, group in bins.items()
+    }
+
+
 def _run(
     kafka: RunningBroker,
     partitions: int,
     workers: int,
     streams: dict[str, list[dict[str, Any]]],
     expected: int,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     d = deploy(kafka, partitions=partitions)
     for _ in range(workers):
         d.start_worker()
@@ -111,14 +153,24 @@ def _run(
         # Interleave the tenants' streams; each tenant's own order is kept (one trace, one partition).
         merged = [e for group in zip(*streams.values(), strict=True) for e in group]
         d.produce(merged)
-        return _claim_outputs(d, expected, set(streams))
+        outputs = _claim_outputs(d, expected, set(streams))
+        outcomes = {t: sum(e["event_type"] == "OUTCOME" for e in events) for t, events in streams.items()}
+        return outputs, {tenant: _claim_calibration(d, tenant, n) for tenant, n in outcomes.items()}
     finally:
         d.stop()
 
 
 def test_same_outputs_whatever_the_partitions_and_workers(kafka: RunningBroker) -> None:
+    """Also the calibration of each tenant's claims: every OUTCOME is counted at its claim's score made
+    last before it (thirty-first round: outcomes went to the calibration stage straight from stage 1
+    and could overtake the re-scores of the claims before them)."""
     streams = {tenant: _claim_stream(tenant, seed=i) for i, tenant in enumerate(["ta", "tb", "tc"])}
-    expected = {tenant: _sequential(events) for tenant, events in streams.items()}
+    sequential = {tenant: _sequential(events) for tenant, events in streams.items()}
+    expected = {tenant: triples for tenant, (triples, _) in sequential.items()}
+    want_bins = {
+        tenant: [b.model_dump(mode="json") for b in calibration.reliability(histogram)]
+        for tenant, (_, histogram) in sequential.items()
+    }
     total = sum(len(t) for t in expected.values())
     want = sorted(t for triples in expected.values() for t in triples)
     runs = {
@@ -126,7 +178,11 @@ def test_same_outputs_whatever_the_partitions_and_workers(kafka: RunningBroker) 
         (4, 1): _run(kafka, 4, 1, streams, total),
         (4, 2): _run(kafka, 4, 2, streams, total),
     }
-    for setup, outputs in runs.items():
+    for setup, (_, bins) in runs.items():
+        assert _rounded(bins) == _rounded(want_bins), (
+            f"{setup}: claim calibration differs from the sequential"
+        )
+    for setup, (outputs, _) in runs.items():
         got = _triples(outputs)
         # Exactly one CLAIM_SCORED per (input, affected claim): no transient copies.
         duplicates = [k for k, n in Counter((s, c) for s, c, _, _ in got).items() if n > 1]
@@ -134,7 +190,7 @@ def test_same_outputs_whatever_the_partitions_and_workers(kafka: RunningBroker) 
         assert sorted(got) == want, f"{setup}: outputs differ from the sequential graph"
         # Event ids are deterministic too.
         assert len({o["event_id"] for o in outputs}) == total
-    assert {o["event_id"] for o in runs[(1, 1)]} == {o["event_id"] for o in runs[(4, 2)]}
+    assert {o["event_id"] for o in runs[(1, 1)][0]} == {o["event_id"] for o in runs[(4, 2)][0]}
 
 
 def _produce_and_wait(d: Deployment, events: list[dict[str, Any]], expected: int) -> list[dict[str, Any]]:
