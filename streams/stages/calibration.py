@@ -1,9 +1,9 @@
 """Stage 4, keyed by tenant: join OUTCOME events with the scores they judge -> calibration per group.
 
 The other stages send each score they emit here (the numbers and labels only) and stage 1 forwards
-each OUTCOME (one that judges a claim through the claim stage, behind that claim's scores), grouped per
-tenant and batch (`calibration_records`); keyed by tenant, so one owner sees a tenant's scores and
-outcomes in sequence. A score is kept `CALIBRATION_JOIN_WINDOW_HOURS` of event
+each OUTCOME (one that judges a claim or a known response through the stage that scores it, behind its
+scores), grouped per tenant and batch (`calibration_records`); keyed by tenant, so one owner sees a
+tenant's scores and outcomes in sequence. A score is kept `CALIBRATION_JOIN_WINDOW_HOURS` of event
 time; an outcome that arrives before its score waits up to `CALIBRATION_OUTCOME_WAIT_HOURS` and is
 then counted as unmatched. A matched outcome updates one group per (model or agent type, score kind):
 hourly buckets of fine bins (`streams.scoring.calibration`) over a sliding window of event time.

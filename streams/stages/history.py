@@ -42,6 +42,8 @@ from streams.state import (
     HistoryHour,
     HourCounts,
     PendingResponse,
+    ResponseOutcome,
+    decode_responses_message,
     table_key,
 )
 
@@ -365,7 +367,14 @@ class AgentStage:
         dirty: dict[bytes, HistoryWrite],
         out: Outputs,
     ) -> None:
-        pending = PendingResponse.model_validate_json(record.value or b"")
+        pending = decode_responses_message(record.value or b"")
+        if isinstance(pending, ResponseOutcome):
+            # Handed on behind the scores of the responses before it (one message per tenant and
+            # source, in order); the calibration stage de-duplicates a re-delivered outcome.
+            if self.settings.calibration_enabled:
+                item = CalibrationItem(outcome=pending.outcome, received_at=pending.received_at)
+                out.calibrate(pending.outcome.tenant_id, upstream("responses", record.partition), item)
+            return
         agent = _Agent(pending.event, dirty, load, load_hour, self.settings.history_chunk_bytes)
         self._apply(agent, pending, record, out)
         # Only once the response was handled: a dead-lettered one changes nothing.

@@ -41,6 +41,7 @@ from streams.state import (
     CalibrationItem,
     CalibrationSubject,
     PendingResponse,
+    ResponseOutcome,
     SubCallRecord,
     TraceState,
     remembered_outputs,
@@ -101,11 +102,11 @@ class TraceStage:
         # Counted with the batch: an input dead-lettered later (trace_state_full, a scorer error) is not.
         out.meter(self.metrics.child(self.metrics.events_processed, event.event_type).inc)
         self.clock.saw(record.partition, event.timestamp)
-        if isinstance(event, OutcomeEvent):
-            self._outcome(event, record, out)  # no trace state: the calibration stage de-duplicates
-            return
         key = table_key(event.tenant_id, event.trace_id)
         state = batch.dirty.get(key) or batch.load(key)
+        if isinstance(event, OutcomeEvent):
+            self._outcome(event, state, record, out)  # changes no trace state: stage 4 de-duplicates
+            return
         if key not in batch.size_bound:
             batch.size_bound[key] = batch.sizes.stored_bytes(key)
         if state is None:
@@ -215,13 +216,30 @@ class TraceStage:
 
     # --- OUTCOME -> the calibration stage ------------------------------------------------------------
 
-    def _outcome(self, event: OutcomeEvent, record: InputRecord, out: Outputs) -> None:
+    def _outcome(
+        self, event: OutcomeEvent, state: TraceState | None, record: InputRecord, out: Outputs
+    ) -> None:
+        """To the calibration stage the way the scores it judges go, so it arrives behind them.
+
+        Sent straight from here, an outcome could reach the calibration stage before the score it
+        judges, still on its way through a later stage: counted against an older score (a claim's), or
+        waiting until the sweep counted it unmatched (a response's, when the clock had passed its wait).
+        A response this trace does not know (another trace id, a trace expired, or applied before
+        `response_agents` existed) has no known route: it goes straight, as before.
+        """
         if not self.settings.calibration_enabled:
             self.metrics.outcomes.labels("disabled").inc()
             return
         if event.subject_type == "claim":
-            # A claim's scores come from the claim stage: the outcome goes that way too, behind them.
             out.forward(claim_outcome_message(self.settings, event, record))
+            return
+        agent = None if state is None else state.response_agents.get(event.subject_id)
+        if event.subject_type == "response" and agent is not None:
+            message = ResponseOutcome(outcome=event, received_at=record.timestamp)
+            key = table_key(event.tenant_id, agent)  # the response's own key and partition (`_send_pending`)
+            partition = key_partition(key, self.settings.topic_partitions)
+            value = message.model_dump_json().encode()
+            out.forward(Record(self.settings.responses_topic, key, value, partition=partition))
             return
         source = upstream("trace", record.partition)
         out.calibrate(event.tenant_id, source, CalibrationItem(outcome=event, received_at=record.timestamp))
@@ -231,7 +249,10 @@ class TraceStage:
     def _response(
         self, state: TraceState, event: LlmResponse, record: InputRecord, out: Outputs
     ) -> tuple[StateChanges, list[dict[str, object]]]:
-        changes: StateChanges = {"response_times": {**state.response_times, event.event_id: event.timestamp}}
+        changes: StateChanges = {
+            "response_times": {**state.response_times, event.event_id: event.timestamp},
+            "response_agents": {**state.response_agents, event.event_id: event.agent_name},
+        }
         produced: list[dict[str, object]] = []
         pending = self._pending(event, record)
         if event.role == "sub_call":

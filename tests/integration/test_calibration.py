@@ -398,6 +398,75 @@ def test_a_claim_outcome_is_counted_against_the_claims_score_made_last_before_it
     assert counted_at == [pytest.approx(a_scores[1])], (counted_at, a_scores)
 
 
+def test_an_outcome_travels_behind_the_score_it_judges_on_the_internal_topics(kafka: RunningBroker) -> None:
+    """Thirty-first round: a response's OUTCOME goes to the calibration stage through the agent stage,
+    in its response's partition of the responses topic after the response, and a claim's through the
+    claim stage; a response the trace does not know still goes straight. Before, every OUTCOME went
+    straight from stage 1 to the calibration topic, where it could wait for a score still on its way
+    and be counted unmatched by the sweep (`tests/unit/test_outcome_order.py` shows the sweep)."""
+    d = deploy(kafka, partitions=2)
+    f = EventFactory(tenant="routes")
+    response = f.response("routes-1", 0, token_logprobs=[-0.1])
+    claim = f.claim("routes-1", "C", 1)
+    outcomes = {
+        "response": f.outcome("routes-1", 2, subject_event_id=response["event_id"], correct=True),
+        "claim": f.outcome("routes-1", 3, claim_id="C", correct=True),
+        "unknown": f.outcome("routes-2", 4, subject_event_id=response["event_id"], correct=False),
+    }
+    settings = d.settings
+    internal = [settings.responses_topic, settings.claims_topic, settings.calibration_topic]
+
+    def messages(records: list[Consumed]) -> list[tuple[str, int, int, dict[str, Any]]]:
+        """(topic, partition, offset, message) of every message in the internal bundles, in order."""
+        return [
+            (r.topic, r.partition, r.offset, orjson.loads(line))
+            for r in sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+            for line in r.value.split(b"\n")
+            if line
+        ]
+
+    def outcome_ids(found: list[tuple[str, int, int, dict[str, Any]]]) -> dict[str, str]:
+        """Outcome event id -> the internal topic it crossed (calibration items found straight from stage 1)."""
+        ids = {}
+        for topic, _, _, message in found:
+            if topic == settings.calibration_topic:
+                for item in message["items"]:
+                    if item.get("outcome") and message["source"] < 2_000_000:  # stage 1's own source
+                        ids[item["outcome"]["event_id"]] = topic
+            elif message.get("outcome"):
+                ids[message["outcome"]["event_id"]] = topic
+        return ids
+
+    d.start_worker()
+    try:
+        d.produce([response, claim, *outcomes.values()])
+        records = asyncio.run(
+            collect(
+                kafka.bootstrap_servers,
+                internal,
+                lambda rs: len(outcome_ids(messages(rs))) == 3,
+                timeout=60,
+            )
+        )
+    finally:
+        d.stop()
+    found = messages(records)
+    assert outcome_ids(found) == {
+        outcomes["response"]["event_id"]: settings.responses_topic,
+        outcomes["claim"]["event_id"]: settings.claims_topic,
+        outcomes["unknown"]["event_id"]: settings.calibration_topic,
+    }
+    on_responses = [(p, m) for t, p, _, m in found if t == settings.responses_topic]  # in partition order
+    (response_at,) = [
+        i
+        for i, (_, m) in enumerate(on_responses)
+        if m.get("event", {}).get("event_id") == response["event_id"]
+    ]
+    (outcome_at,) = [i for i, (_, m) in enumerate(on_responses) if m.get("outcome")]
+    assert on_responses[outcome_at][0] == on_responses[response_at][0]  # the response's partition
+    assert outcome_at > response_at  # behind it
+
+
 def brute_force_advice(pairs: list[tuple[float, float]], target: float) -> tuple[float | None, int]:
     for i in range(calibration.FINE_BINS):
         threshold = i / calibration.FINE_BINS

@@ -1,9 +1,11 @@
-"""An OUTCOME that judges a claim is counted against the claim's score made last before it, however
-stage 1's input is cut into batches and however far the claim stage lags behind the calibration stage.
+"""An OUTCOME reaches the calibration stage behind the score it judges, however stage 1's input is cut
+into batches and however far the later stages lag behind the calibration stage.
 
-Stages 1, 3 and 4 without Kafka, over in-memory tables. Claim scores reach the calibration stage from
-the claim stage; an outcome sent there straight from stage 1 overtook the scores of the claims before it
-(the batch-cut review: counted against A's first score, 0.75, instead of its last, 0.6285).
+Stages 1-4 without Kafka, over in-memory tables. Claim scores reach the calibration stage from the
+claim stage and response scores from the agent stage; an outcome sent there straight from stage 1
+overtook them: a claim's was counted against an older score (the batch-cut review: A's first score,
+0.75, instead of its last, 0.6285), a response's waited while its score was on its way and the sweep
+counted it unmatched once the clock had passed its wait (the cross-stage ordering review).
 (Through the broker: tests/integration/test_calibration.py.)
 """
 
@@ -19,10 +21,12 @@ from pydantic import BaseModel
 from streams import metrics
 from streams.config import load_settings, scoring_configs
 from streams.scoring.claim_graph import ClaimNode
-from streams.stages import CalibrationStage, InputRecord, Record, TraceStage
-from streams.stages.calibration import Table, group_key
+from streams.stages import AgentStage, CalibrationStage, InputRecord, Record, TraceStage
+from streams.stages.calibration import Table, group_key, subject_key
 from streams.stages.claims import ClaimStage
-from streams.state import GroupCalibration, TraceState
+from streams.stages.common import ExpiryClock
+from streams.stages.history import HistoryWrite
+from streams.state import AgentHistory, GroupCalibration, HistoryHour, SubjectEntry, TraceState
 
 COMMON = {"tenant_id": "t", "trace_id": "tr", "agent_name": "a", "agent_type": "planner", "schema_version": 1}
 
@@ -66,12 +70,22 @@ class _Worker:
         configs, registry = scoring_configs(settings), metrics.create(CollectorRegistry())
         self.settings = settings
         self.trace = TraceStage(settings, configs, registry)
+        self.agents = AgentStage(settings, configs, registry)
         self.claims = ClaimStage(settings, configs, registry)
         self.calibration = CalibrationStage(settings, configs, registry)
+        # A plain watermark (no idle-source grace, a wall-clock span): the sweep decides by event time.
+        self.calibration.clock = ExpiryClock(self.calibration.clock.max_ahead)
         self.traces: dict[bytes, TraceState] = {}
+        self.summaries: dict[bytes, AgentHistory] = {}
+        self.hours: dict[bytes, HistoryHour] = {}
         self.nodes: dict[bytes, ClaimNode] = {}
         self.calibration_tables: dict[bytes, BaseModel] = {}
-        self.inbox: dict[str, list[Record]] = {settings.claims_topic: [], settings.calibration_topic: []}
+        self.unmatched = 0
+        self.inbox: dict[str, list[Record]] = {
+            settings.responses_topic: [],
+            settings.claims_topic: [],
+            settings.calibration_topic: [],
+        }
         self.scored: list[dict[str, Any]] = []
         self.offset = 0
 
@@ -83,6 +97,32 @@ class _Worker:
         records, states = self.trace.process(batch, self.traces.get)
         self.traces.update(states)
         self._route(records)
+
+    def stage_2(self) -> None:
+        records, writes = self.agents.process(
+            self._take(self.settings.responses_topic), self.summaries.get, self.hours.get
+        )
+        for key, write in writes.items():
+            self._write(self.summaries if write.table == "summary" else self.hours, key, write)
+        self._route(records)
+
+    @staticmethod
+    def _write(table: dict[bytes, Any], key: bytes, write: HistoryWrite) -> None:
+        if write.value is None:
+            table.pop(key, None)
+        else:
+            table[key] = write.value
+
+    def sweep_subjects(self) -> None:
+        """The calibration part of the expiry sweep (streams/agents.py `_sweep_calibration`)."""
+        for key, entry in list(self.calibration_tables.items()):
+            if isinstance(entry, SubjectEntry):
+                kept, unmatched = self.calibration.sweep_subject(key, entry)
+                self.unmatched += unmatched
+                if kept is None:
+                    del self.calibration_tables[key]
+                else:
+                    self.calibration_tables[key] = kept
 
     def stage_3(self) -> None:
         records, writes = self.claims.process(self._take(self.settings.claims_topic), self.nodes.get)
@@ -167,3 +207,88 @@ def test_a_claim_message_with_neither_or_both_a_claim_and_an_outcome_is_dead_let
     ]
     assert [o["claim_id"] for o in map(orjson.loads, (r.value for r in records)) if "claim_id" in o] == ["A"]
     assert len(writes) == 1
+
+
+def _response(event_id: str, minute: int, agent: str, trace: str) -> dict[str, Any]:
+    return {
+        **COMMON,
+        "event_id": event_id,
+        "event_type": "LLM_RESPONSE",
+        "timestamp": f"2026-11-22T10:{minute:02d}:00Z",
+        "trace_id": trace,
+        "agent_name": agent,
+        "request_id": event_id,
+        "model": "m",
+        "endpoint": "/v1",
+        "response": "The retry limit is read from config/retry.yaml.",
+        "token_logprobs": [-0.1, -0.2],
+    }
+
+
+@pytest.mark.parametrize("sweep_while_stage_2_lags", [False, True])
+def test_a_response_outcome_waits_for_its_score_behind_it_not_at_the_calibration_stage(
+    sweep_while_stage_2_lags: bool,
+) -> None:
+    """R, its OUTCOME (5 min later) and a tool call at +70 min in one stage-1 batch: the calibration
+    stage's clock passes the outcome's 1-hour wait before the agent stage has handed R's score on.
+    The outcome goes behind the score now, so a sweep meanwhile finds nothing waiting (before: the
+    sweep counted it unmatched, and R's score, arriving next, joined nothing: no sample)."""
+    w = _Worker()
+    outcome = {
+        **COMMON,
+        "event_id": "o-r",
+        "event_type": "OUTCOME",
+        "timestamp": "2026-11-22T10:05:00Z",
+        "subject_event_id": "r",
+        "correct": True,
+        "source": "human",
+    }
+    del outcome["agent_name"], outcome["agent_type"]
+    tool = {
+        **COMMON,
+        "event_id": "t-late",
+        "event_type": "TOOL_INVOCATION",
+        "timestamp": "2026-11-22T11:10:00Z",
+        "trace_id": "tr-late",
+        "tool": "grep",
+        "target": "retry",
+        "status": "ok",
+        "result_count": 2,
+    }
+    w.stage_1([_response("r", 0, "a", "tr"), outcome, tool])
+    w.stage_4()  # the calibration stage reads stage 1's scores first: its clock is at 11:10
+    if sweep_while_stage_2_lags:
+        w.sweep_subjects()
+    w.stage_2()
+    w.stage_4()
+    w.sweep_subjects()
+    assert w.unmatched == 0
+    entry = w.calibration_tables[subject_key("t", "response", "r")]
+    assert isinstance(entry, SubjectEntry) and entry.applied == ("o-r",)
+    group = w.calibration_tables[group_key("t", "model", "m", "response")]
+    assert isinstance(group, GroupCalibration) and sum(b.n for b in group.bins.values()) == 1
+
+
+def test_an_outcome_for_a_response_its_trace_does_not_know_still_goes_straight_to_calibration() -> None:
+    """No route is known (another trace id here): it goes to the calibration stage directly, as before,
+    and waits there for its score."""
+    w = _Worker()
+    w.stage_1([_response("r", 0, "a", "tr")])
+    outcome = {
+        "event_id": "o-r",
+        "event_type": "OUTCOME",
+        "timestamp": "2026-11-22T10:05:00Z",
+        "tenant_id": "t",
+        "trace_id": "another-trace",
+        "schema_version": 1,
+        "subject_event_id": "r",
+        "correct": True,
+        "source": "human",
+    }
+    w.stage_1([outcome])
+    assert len(w.inbox[w.settings.responses_topic]) == 1  # the response only
+    w.stage_4()
+    w.stage_2()
+    w.stage_4()
+    entry = w.calibration_tables[subject_key("t", "response", "r")]
+    assert isinstance(entry, SubjectEntry) and entry.applied == ("o-r",)
