@@ -100,7 +100,7 @@ def _encodes(value: Any) -> bool:
 
 
 def _unencodable(name: str) -> InitErrorDetails:
-    message = "cannot be encoded as JSON (a string must be valid Unicode, without lone surrogates)"
+    message = "cannot be encoded as JSON (a value JSON has no form for, e.g. a string with a lone surrogate)"
     return InitErrorDetails(type=PydanticCustomError("invalid_text", message), loc=(name,), input=None)
 
 

@@ -147,6 +147,7 @@ class ResponseOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
     outcome: OutcomeEvent
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+    source_partition: int = Field(description="Input partition the outcome came from (expiry clock).")
 
 
 _RESPONSE_OUTCOME_PREFIX = b'{"outcome":'
@@ -285,6 +286,12 @@ class CalibrationItem(BaseModel):
     subject: CalibrationSubject | None = None
     outcome: OutcomeEvent | None = None
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
+    clock_source: int | None = Field(
+        None,
+        description="The upstream source whose expiry clock the item moves when not its message's: an "
+        "OUTCOME handed on by the claim or agent stage moves its input partition's, as when stage 1 sent "
+        "it, not the clock of the claim or response scores it travels with.",
+    )
 
 
 class CalibrationMessage(BaseModel):

@@ -254,7 +254,10 @@ class CalibrationStage:
             self.clock.saw(partition, item.subject.event_time, source=message.source)
             self._subject(message.tenant_id, item.subject, item.received_at, batch, out)
         if item.outcome is not None:
-            self.clock.saw(partition, item.outcome.timestamp, source=message.source)
+            # An outcome handed on by the claim or agent stage moves its input partition's clock source,
+            # not the claims' or responses' it travels with: a late verdict must not expire their scores.
+            source = message.source if item.clock_source is None else item.clock_source
+            self.clock.saw(partition, item.outcome.timestamp, source=source)
             self._outcome(message.tenant_id, item.outcome, item.received_at, batch, out)
         batch.commit()
 

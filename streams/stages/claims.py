@@ -157,8 +157,14 @@ class ClaimStage:
         if message.outcome is not None:
             # Passed on behind the claim scores queued before it (one message per tenant and source,
             # in order); the calibration stage de-duplicates a re-delivered outcome.
-            if self.settings.calibration_enabled:
-                item = CalibrationItem(outcome=message.outcome, received_at=message.received_at)
+            if not self.settings.calibration_enabled:  # turned off since stage 1 forwarded it
+                out.meter(self.metrics.child(self.metrics.outcomes, "disabled").inc)
+            else:
+                item = CalibrationItem(
+                    outcome=message.outcome,
+                    received_at=message.received_at,
+                    clock_source=upstream("trace", message.source_partition),
+                )
                 out.calibrate(tenant, upstream("claims", record.partition), item)
             return
         assert message.arrived is not None  # the model holds exactly one of the two

@@ -371,8 +371,14 @@ class AgentStage:
         if isinstance(pending, ResponseOutcome):
             # Handed on behind the scores of the responses before it (one message per tenant and
             # source, in order); the calibration stage de-duplicates a re-delivered outcome.
-            if self.settings.calibration_enabled:
-                item = CalibrationItem(outcome=pending.outcome, received_at=pending.received_at)
+            if not self.settings.calibration_enabled:  # turned off since stage 1 forwarded it
+                out.meter(self.metrics.child(self.metrics.outcomes, "disabled").inc)
+            else:
+                item = CalibrationItem(
+                    outcome=pending.outcome,
+                    received_at=pending.received_at,
+                    clock_source=upstream("trace", pending.source_partition),
+                )
                 out.calibrate(pending.outcome.tenant_id, upstream("responses", record.partition), item)
             return
         agent = _Agent(pending.event, dirty, load, load_hour, self.settings.history_chunk_bytes)

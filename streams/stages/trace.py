@@ -235,7 +235,9 @@ class TraceStage:
             return
         agent = None if state is None else state.response_agents.get(event.subject_id)
         if event.subject_type == "response" and agent is not None:
-            message = ResponseOutcome(outcome=event, received_at=record.timestamp)
+            message = ResponseOutcome(
+                outcome=event, received_at=record.timestamp, source_partition=record.partition
+            )
             key = table_key(event.tenant_id, agent)  # the response's own key and partition (`_send_pending`)
             partition = key_partition(key, self.settings.topic_partitions)
             value = message.model_dump_json().encode()

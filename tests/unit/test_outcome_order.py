@@ -292,3 +292,62 @@ def test_an_outcome_for_a_response_its_trace_does_not_know_still_goes_straight_t
     w.stage_4()
     entry = w.calibration_tables[subject_key("t", "response", "r")]
     assert isinstance(entry, SubjectEntry) and entry.applied == ("o-r",)
+
+
+@pytest.mark.parametrize("subject", ["claim", "response"])
+def test_a_late_dated_outcome_handed_on_by_a_later_stage_does_not_expire_the_scores_it_travels_with(
+    subject: str,
+) -> None:
+    """The diff review: an outcome handed on by the claim or agent stage moved the clock of the scores
+    it travels with. A tenant with A and B scored at S and B's verdict dated S + 7 d 1 h: the clock
+    read past A's 7-day join window, and a sweep deleted A's score before A's verdict (dated S + 1 d)
+    came. The outcome moves its input partition's clock source, as when stage 1 sent it."""
+    w = _Worker()
+
+    def scored(event_id: str) -> dict[str, Any]:
+        if subject == "claim":
+            return {**_claim(event_id, 0, event_id.upper()), "timestamp": "2026-11-01T10:00:00Z"}
+        return {**_response(event_id, 0, "a", "tr"), "timestamp": "2026-11-01T10:00:00Z"}
+
+    def verdict(event_id: str, timestamp: str, judged: str) -> dict[str, Any]:
+        target = {"claim_id": judged.upper()} if subject == "claim" else {"subject_event_id": judged}
+        outcome = {**COMMON, **target, "event_id": event_id, "event_type": "OUTCOME", "timestamp": timestamp}
+        del outcome["agent_name"], outcome["agent_type"]
+        return {**outcome, "correct": True, "source": "human"}
+
+    def run(events: list[dict[str, Any]]) -> None:
+        w.stage_1(events)
+        w.stage_2()
+        w.stage_3()
+        w.stage_4()
+
+    run([scored("a"), scored("b")])
+    run([verdict("o-b", "2026-11-08T11:00:00Z", "b")])
+    w.sweep_subjects()
+    run([verdict("o-a", "2026-11-02T10:00:00Z", "a")])
+    subject_id = "A" if subject == "claim" else "a"
+    entry = w.calibration_tables.get(subject_key("t", subject, subject_id))
+    assert isinstance(entry, SubjectEntry) and entry.applied == ("o-a",), entry
+    assert w.unmatched == 0
+
+
+def test_an_outcome_forwarded_before_calibration_was_turned_off_is_counted_disabled() -> None:
+    """Forwarded by a stage 1 with calibration on, handed on by a later stage with it off: counted
+    `disabled`, as stage 1 counts the outcomes it drops, not lost from every count."""
+    w = _Worker()
+    w.stage_1([_response("r", 0, "a", "tr"), {**EVENTS[0]}])
+    outcomes = [
+        {**EVENTS[2]},
+        {**EVENTS[2], "event_id": "o-r", "claim_id": None, "subject_event_id": "r"},
+    ]
+    w.stage_1([{k: v for k, v in o.items() if v is not None} for o in outcomes])
+    off = load_settings(calibration_enabled=False)
+    registry = CollectorRegistry()
+    off_metrics = metrics.create(registry)
+    w.agents = AgentStage(off, scoring_configs(off), off_metrics)
+    w.claims = ClaimStage(off, scoring_configs(off), off_metrics)
+    w.settings = off
+    w.stage_2()
+    w.stage_3()
+    assert registry.get_sample_value("confidence_outcomes_total", {"status": "disabled"}) == 2
+    assert w.inbox[off.calibration_topic] == []
