@@ -71,7 +71,16 @@ class TraceStage:
         self.settings = settings
         self.configs = configs
         self.metrics = metrics
-        self.clock = ExpiryClock(timedelta(hours=settings.event_time_max_ahead_hours))
+        # With several input topics, the topics sharing a partition number are that partition's sources
+        # and its clock is the oldest of their newest times: a topic read ahead must not expire the
+        # traces whose next events wait unread in another (a trace's events may be in both). A topic
+        # that goes quiet leaves the watermark after EXPIRY_SOURCE_IDLE_SECONDS, as on the later stages.
+        topics = settings.input_topic_names
+        self._topic_source = {topic: index for index, topic in enumerate(topics)}
+        self.clock = ExpiryClock(
+            timedelta(hours=settings.event_time_max_ahead_hours),
+            settings.expiry_source_idle_seconds if len(topics) > 1 else None,
+        )
         self.state_bound = ValueBound(
             settings.trace_state_max_bytes,
             "TRACE_STATE_MAX_BYTES",
@@ -101,7 +110,7 @@ class TraceStage:
             return
         # Counted with the batch: an input dead-lettered later (trace_state_full, a scorer error) is not.
         out.meter(self.metrics.child(self.metrics.events_processed, event.event_type).inc)
-        self.clock.saw(record.partition, event.timestamp)
+        self.clock.saw(record.partition, event.timestamp, source=self._topic_source.get(record.topic, 0))
         key = table_key(event.tenant_id, event.trace_id)
         state = batch.dirty.get(key) or batch.load(key)
         if isinstance(event, OutcomeEvent):

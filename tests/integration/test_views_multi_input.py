@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,8 @@ from streams.demo import encode
 from streams.harness import RunningBroker
 from streams.kafka_io import produce
 from streams.topics import create_topics
-from tests.integration.fixtures import EventFactory, count_of, deploy, get_json, settled
+from tests.integration.fixtures import EventFactory, count_of, deploy, get_json, poll, settled
+from tests.integration.test_expiry import _sweeps
 
 
 def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
@@ -66,3 +69,48 @@ def test_trace_view_with_two_input_topics(kafka: RunningBroker) -> None:
     finally:
         d.stop()
     assert view == expected_view
+
+
+def test_a_topic_read_ahead_does_not_expire_traces_whose_events_wait_in_the_other(
+    kafka: RunningBroker,
+) -> None:
+    """Thirty-first round: the input topics sharing a partition number shared one expiry clock, so a
+    topic read 24.5 h ahead let the sweep delete trace T while T's next event waited in the other topic
+    (scored 0.55, a lone read, instead of 0.772 with its find). Each topic is a source of the clock now;
+    both are kept heard here (a topic quiet past EXPIRY_SOURCE_IDLE_SECONDS leaves the watermark)."""
+    idle = 15.0
+    d = deploy(kafka, partitions=1, SWEEP_INTERVAL_SECONDS="0.5", EXPIRY_SOURCE_IDLE_SECONDS=str(idle))
+    first = d.settings.input_topic_names[0]
+    second = f"{first}-b"
+    d.env["INPUT_TOPICS"] = f"{first},{second}"
+    asyncio.run(create_topics(load_settings(**{k.lower(): v for k, v in d.env.items()})))
+    f = EventFactory(tenant="ahead")
+
+    def to_second(*events: dict[str, Any]) -> None:
+        records = [(e["trace_id"].encode(), encode(e)) for e in events]
+        asyncio.run(produce(kafka.bootstrap_servers, second, records))
+
+    d.start_worker()
+    try:
+        d.produce([f.tool("ahead-T", "find", "Widget", 0, result_count=2)])
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < idle + 3:  # both topics heard, past the clock's start-up grace
+            n += 1
+            d.produce([f.tool(f"ahead-a{n}", "find", "Other", 30)])
+            to_second(f.tool(f"ahead-b{n}", "find", "Other", 30))
+            d.collect(count_of("TRACE_SCORED", 1 + 2 * n, d.settings.scored_topic), timeout=30)
+            time.sleep(2)  # pacing the keep-alive inputs, not waiting for a result
+        # The first topic reads 24.5 h on; two sweeps run with the second topic still heard.
+        d.produce([f.tool("ahead-far", "find", "Other", 24.5 * 60)])
+        d.collect(count_of("TRACE_SCORED", 2 + 2 * n, d.settings.scored_topic), timeout=30)
+        sweeps_from = _sweeps(d.web_ports[0])
+        assert (
+            poll(lambda: _sweeps(d.web_ports[0]), lambda s: s >= sweeps_from + 2, 10, 0.1) >= sweeps_from + 2
+        )
+        to_second(f.tool("ahead-T", "read", "src/Widget.h", 60))
+        records = d.collect(count_of("TRACE_SCORED", 3 + 2 * n, d.settings.scored_topic), timeout=30)
+    finally:
+        d.stop()
+    (read,) = [o for o in d.outputs(records) if o["trace_id"] == "ahead-T" and o["score"] != 0.65]
+    assert round(read["score"], 3) == 0.772, read  # the find and the read converge: T was kept

@@ -276,3 +276,48 @@ def test_a_claim_message_written_before_the_mark_existed_is_applied() -> None:
     out, writes = claims.process([InputRecord(message.topic, 0, 0, 1.0, orjson.dumps(old))], {}.get)
     assert [orjson.loads(r.value)["claim_id"] for r in out if r.topic == settings.scored_topic] == ["X"]
     assert list(writes)  # X's node is kept
+
+
+def test_with_two_input_topics_one_read_ahead_does_not_expire_the_traces_waiting_in_the_other() -> None:
+    """Several-input-topics review: the topics sharing a partition number shared one expiry clock, so
+    topic A read 24.5 h ahead expired trace T while T's next event waited unread in topic B (scored
+    0.55 as a lone read instead of 0.772 with its find). Each topic is a source of the partition's
+    clock now; a topic quiet past EXPIRY_SOURCE_IDLE_SECONDS no longer holds it back."""
+    from datetime import timedelta
+
+    from streams.stages.common import ExpiryClock
+
+    settings = load_settings(input_topics="in-a,in-b")
+    stage = TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+    wall = [0.0]
+    stage.clock = ExpiryClock(
+        stage.clock.max_ahead, settings.expiry_source_idle_seconds, monotonic=lambda: wall[0]
+    )
+    store: dict[bytes, TraceState] = {}
+    t0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
+
+    def run(topic: str, hours: float, **fields: Any) -> list[dict[str, Any]]:
+        moment = (t0 + timedelta(hours=hours)).isoformat()
+        record = InputRecord(topic, 0, 0, 1.0, orjson.dumps({**BASE, "timestamp": moment, **fields}))
+        records, states = stage.process([record], store.get)
+        store.update(states)
+        return [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+
+    idle = settings.expiry_source_idle_seconds
+    run("in-a", 0, event_id="a1", trace_id="T", target="Foo")
+    wall[0] = 0.6 * idle  # both topics deliver, each within the idle span of the last
+    run("in-a", 0.5, event_id="a0", trace_id="other-a0", target="Baz")
+    run("in-b", 0.5, event_id="b0", trace_id="other-b", target="Baz")
+    wall[0] = 1.2 * idle  # past the clock's start-up grace; topic A reads on, 24.5 h ahead
+    run("in-a", 24.5, event_id="a2", trace_id="other-a", target="Bar")
+    trace = store[b'["t","T"]']
+    assert not stage.expired(trace)  # topic B is at T0 + 0.5 h: T's next event may still be there
+    (scored,) = run("in-b", 1, event_id="b1", trace_id="T", tool="read", target="src/Foo.h")
+    assert round(scored["score"], 3) == 0.772
+    # Topic B goes quiet for good, topic A goes on: A alone moves the clock once B has been quiet
+    # longer than the idle span.
+    quiet_since = wall[0]
+    for step, hours in ((0.6, 30), (1.2, 50)):
+        wall[0] = quiet_since + step * idle
+        run("in-a", hours, event_id=f"a-{hours}", trace_id=f"other-{hours}", target="Qux")
+    assert stage.expired(store[b'["t","T"]'])
