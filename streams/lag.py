@@ -140,6 +140,21 @@ class LagMonitor:
                 self._last_error = ""
         except Exception as exc:  # a timer that raises would take the whole app down
             self._warn(repr(exc))  # repr: a TimeoutError's str is empty
+            self.keep_only_assigned(consumer)
+
+    def keep_only_assigned(self, consumer: LagSource) -> None:
+        """Drop the series of partitions no longer assigned here, keeping the others' last values: a
+        sample that fails (often right when partitions move) must not leave a moved partition counted
+        by two workers. Needs no broker call."""
+        m = self.metrics
+        owned = {
+            (m.labels("topic", tp.topic), str(tp.partition))
+            for tp in consumer.assignment()
+            if tp.topic in self.topics
+        }
+        for labels in self._exported - owned:
+            m.consumer_lag.remove(*labels)
+        self._exported &= owned
 
 
 def attach_lag_monitor(svc: Service, interval: float = LAG_INTERVAL_SECONDS) -> LagMonitor:

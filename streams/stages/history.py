@@ -343,6 +343,10 @@ class AgentStage:
         )
         # llm_confidence_average per label set: the rolling average's own state (0.0 is a value too).
         self._averages: dict[tuple[str, str, str], float] = {}
+        # The agents that fed each average's label set: the series leaves with the last of them (moved
+        # to another worker or swept), as the success rate does; a stale copy stayed on dashboards.
+        self._average_feeders: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        self._averages_fed_by: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         # The success-rate series of each agent scored here, and how many agents share one agent label:
         # a swept agent's series leaves (with its last user, for an `other` one), and its label's place.
         self._rate_series: SharedSeries[tuple[str, str]] = SharedSeries()
@@ -572,6 +576,9 @@ class AgentStage:
             )
             self._averages[labels] = average
             m.child(m.confidence_average, *labels).set(average)
+            feeder = (event.tenant_id, event.agent_name)
+            self._average_feeders.setdefault(labels, set()).add(feeder)
+            self._averages_fed_by.setdefault(feeder, set()).add(labels)
         m.child(m.response_actions, str(output["action"])).inc()
         if output["action"] == "reject":
             m.child(m.confidence_rejected, *labels).inc()
@@ -585,6 +592,16 @@ class AgentStage:
                 met / total
             )
 
+    def _forget_averages_of(self, feeder: tuple[str, str]) -> None:
+        m = self.metrics
+        for labels in self._averages_fed_by.pop(feeder, set()):
+            feeders = self._average_feeders.get(labels, set())
+            feeders.discard(feeder)
+            if not feeders:
+                self._average_feeders.pop(labels, None)
+                self._averages.pop(labels, None)
+                m.child.remove(m.confidence_average, *labels)
+
     def _success_rate_series(self, tenant: str, agent: str) -> tuple[str, ...]:
         series = self._rate_series.get((tenant, agent))
         if series is None:
@@ -597,15 +614,16 @@ class AgentStage:
     def forget_agents_outside(self, partitions: set[int]) -> None:
         """Forget the agents whose history is on a partition this worker no longer owns: their new
         owner exports their success rate, and a stale copy here would stay on every dashboard."""
-        moved = [
-            k for k in self._rate_series.subjects() if self.partition_of(table_key(*k)) not in partitions
-        ]
+        agents = {*self._rate_series.subjects(), *self._averages_fed_by}
+        moved = [k for k in agents if self.partition_of(table_key(*k)) not in partitions]
         for tenant, agent in moved:
             self.forget_agent(tenant, agent)
 
     def forget_agent(self, tenant: str, agent: str) -> None:
         """A swept agent's success rate stops being exported (a dead instance's rate stayed on every
-        dashboard), and its agent label's place is freed for a newcomer (which became `other`)."""
+        dashboard), and its agent label's place is freed for a newcomer (which became `other`). The
+        confidence averages it fed leave with the last agent feeding them."""
+        self._forget_averages_of((tenant, agent))
         series, unused = self._rate_series.remove((tenant, agent))
         if series is None:  # not scored by this process (restored, or never within a window)
             return

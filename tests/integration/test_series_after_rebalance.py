@@ -34,15 +34,18 @@ AGENTS = [
 ]
 
 
-def _exported(port: int) -> tuple[set[str], set[str]] | None:
-    """(tenants with an ECE series, agents with a success-rate series) on the worker at `port`."""
+def _exported(port: int) -> tuple[set[str], set[str], set[str]] | None:
+    """(tenants with an ECE series, agents with a success-rate series, tenants with a confidence-average
+    series) on the worker at `port`. Each tenant's responses come from one agent, so its average has
+    one owner (thirty-first round: the average stayed on the old owner, frozen)."""
     try:
         s = scrape(port, timeout=5)
     except (urllib.error.URLError, OSError, AssertionError):
         return None
     tenants = {dict(labels)["tenant"] for labels in s.series("confidence_calibration_ece")}
     agents = {dict(labels)["agent"] for labels in s.series("confidence_agent_success_rate")}
-    return tenants & set(TENANTS), agents & set(AGENTS)
+    averaged = {dict(labels)["tenant"] for labels in s.series("llm_confidence_average")}
+    return tenants & set(TENANTS), agents & set(AGENTS), averaged & set(TENANTS)
 
 
 def _traffic(d: Deployment, minutes: float) -> None:
@@ -73,7 +76,7 @@ def test_series_of_partitions_that_moved_away_leave_the_old_owner(kafka: Running
     try:
         first = d.web_ports[0]
         _traffic(d, 0)
-        everything = (set(TENANTS), set(AGENTS))
+        everything = (set(TENANTS), set(AGENTS), set(TENANTS))
         assert poll(lambda: _exported(first), lambda e: e == everything, 60) == everything
 
         d.start_worker()  # takes one partition of each topic
@@ -86,15 +89,19 @@ def test_series_of_partitions_that_moved_away_leave_the_old_owner(kafka: Running
         # New traffic: each subject is exported by exactly one worker, its owner.
         _traffic(d, 10)
 
-        def split() -> tuple[set[str], set[str], set[str], set[str]] | None:
+        def split() -> tuple[set[str], ...] | None:
             a, b = _exported(first), _exported(second)
-            return None if a is None or b is None else (a[0], b[0], a[1], b[1])
+            return None if a is None or b is None else (a[0], b[0], a[1], b[1], a[2], b[2])
 
         def disjoint_and_complete(s: tuple[set[str], ...] | None) -> bool:
-            return s is not None and s[0] | s[1] == set(TENANTS) and s[2] | s[3] == set(AGENTS)
+            wanted = (set(TENANTS), set(AGENTS), set(TENANTS))
+            return s is not None and all(s[2 * i] | s[2 * i + 1] == w for i, w in enumerate(wanted))
 
-        final = poll(split, disjoint_and_complete, 60)
+        def apart(s: tuple[set[str], ...] | None) -> bool:
+            return s is not None and not any(s[i] & s[i + 1] for i in (0, 2, 4))
+
+        final = poll(split, lambda s: disjoint_and_complete(s) and apart(s), 60)
         assert disjoint_and_complete(final), final
-        assert final is not None and not (final[0] & final[1]) and not (final[2] & final[3]), final
+        assert apart(final), final
     finally:
         d.stop()

@@ -636,3 +636,22 @@ def test_response_label_sets_are_capped_not_only_each_label() -> None:
     everything_other = (("endpoint", "other"), ("model", "other"), ("tenant", "other"))
     assert everything_other in series
     assert len(responses.stage._averages) == 2 * 10 + 1
+
+
+def test_the_confidence_average_leaves_with_the_last_agent_feeding_it() -> None:
+    """Metrics review: `llm_confidence_average` was never removed, so after a rebalance moved its
+    agents' partitions away (or the sweep removed them) a frozen copy stayed beside the new owner's."""
+    settings = load_settings()
+    responses = Responses(settings, random.Random(3))
+    labels = {"tenant": EXAMPLE["tenant_id"], "model": EXAMPLE["model"], "endpoint": EXAMPLE["endpoint"]}
+
+    def average() -> float | None:
+        return responses.registry.get_sample_value("llm_confidence_average", labels)
+
+    responses.score("e-1", T0, good=True)
+    responses.score("e-2", T0 + timedelta(minutes=1), good=True, agent_name="other-agent")
+    assert average() is not None
+    responses.stage.forget_agent(EXAMPLE["tenant_id"], "other-agent")  # swept: the other still feeds it
+    assert average() is not None
+    responses.stage.forget_agents_outside(set())  # every responses partition moved away
+    assert average() is None and responses.success_rate() is None

@@ -112,6 +112,16 @@ async def test_a_failed_sample_keeps_the_last_values_and_logs_once(caplog: pytes
     assert _gauge(registry) == {(IN, "0"): 4.0}
 
 
+async def test_a_revoked_partition_leaves_the_gauge_also_when_the_sample_fails() -> None:
+    """Metrics review: a failed sample kept every last value, also of partitions another worker owns
+    now, so `sum by (topic)` counted them twice until a sample succeeded (often slow right then)."""
+    monitor, registry = _monitor()
+    await monitor.tick(FakeConsumer({TP(IN, 0): 10, TP(IN, 1): 20}, {TP(IN, 0): 5, TP(IN, 1): 5}))
+    assert _gauge(registry) == {(IN, "0"): 5, (IN, "1"): 15}
+    await monitor.tick(FakeConsumer({TP(IN, 0): 10}, {TP(IN, 0): 5}, fail=TimeoutError()))
+    assert _gauge(registry) == {(IN, "0"): 5}  # partition 1 moved away; partition 0 keeps its value
+
+
 class SlowPosition(FakeConsumer):
     """One partition's position cannot be read (it times out, as during a restore)."""
 
