@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import faust
 from faust.tables.recovery import Recovery
+from faust.types import TP
 from pydantic import BaseModel
 
 from streams.alignment import attach_input_alignment
@@ -123,7 +124,7 @@ def attach_agents(svc: Service) -> ClaimFacts:
     def score_trace_batch(records: list[InputRecord]) -> tuple[list[Record], dict[bytes, TraceState]]:
         scored = svc.trace_stage.process(records, traces.load, traces)
         if alignment is not None:
-            alignment.after_batch(app, {record.partition for record in records})
+            alignment.after_batch(app, {TP(record.topic, record.partition) for record in records})
         return scored
 
     def later_stage(

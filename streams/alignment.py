@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from faust.types import TP
 
@@ -51,12 +51,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+K = TypeVar("K", int, TP)  # a partition number, or an input topic's partition
+
 CHECK_INTERVAL_SECONDS = 0.5  # besides after every stage-1 batch: resumes when no batch comes
 
 
 def partitions_ahead(
-    event_times: Mapping[int, datetime], delivering: Iterable[int], max_lead: timedelta
-) -> set[int]:
+    event_times: Mapping[K, datetime], delivering: Iterable[K], max_lead: timedelta
+) -> set[K]:
     """The partitions whose event time is more than `max_lead` past the slowest delivering one's."""
     behind = [event_times[p] for p in delivering if p in event_times]
     if not behind:
@@ -88,7 +90,11 @@ class InternalBacklog:
 
 
 class InputAlignment:
-    """Pauses and resumes stage 1's input partitions (all input topics of a partition number together).
+    """Pauses and resumes stage 1's input partitions, each input topic's partition on its own.
+
+    With several input topics, one topic's partition read ahead of another's backlog is held back like
+    any partition: keyed by partition number (before the thirty-first round), the topics of one number
+    were paused together and read by whichever record came last, so neither was held back.
 
     `check` runs after every stage-1 batch and on a timer (a paused partition must be resumed even when
     no batch comes); it leaves the consumer alone while Faust rebalances or recovers tables, which
@@ -98,7 +104,7 @@ class InputAlignment:
     def __init__(
         self,
         topics: Iterable[str],
-        event_time: Callable[[int], datetime | None],
+        event_time: Callable[[str, int], datetime | None],
         max_lead: timedelta | None,
         idle_seconds: float,
         metrics: Metrics,
@@ -107,19 +113,19 @@ class InputAlignment:
         max_hold_seconds: float = float("inf"),
     ) -> None:
         self.topics = frozenset(topics)
-        self.event_time = event_time  # the time of the partition's latest event seen by stage 1
+        self.event_time = event_time  # (topic, partition) -> its latest event's time seen by stage 1
         self.max_lead = max_lead  # None: no alignment, only the backlog gate
         self.idle_seconds = idle_seconds
         self.max_hold_seconds = max_hold_seconds
         self.metrics = metrics
         self.clock = clock
         self.backlog = backlog
-        self._delivered_at: dict[int, float] = {}  # partition -> when its event time last moved on
-        self._highest: dict[int, datetime] = {}  # partition -> the highest event time it reached
-        self._ahead_since: dict[int, float] = {}  # partition -> since when alignment holds it back
-        self._released: set[int] = set()  # held for max_hold_seconds: left alone until no longer ahead
+        self._delivered_at: dict[TP, float] = {}  # when the partition's event time last moved on
+        self._highest: dict[TP, datetime] = {}  # the highest event time the partition reached
+        self._ahead_since: dict[TP, float] = {}  # since when alignment holds the partition back
+        self._released: set[TP] = set()  # held for max_hold_seconds: left alone until no longer ahead
         self._paused: set[TP] = set()  # what this object paused (and has not resumed)
-        self._ahead: set[int] = set()  # the partitions alignment held back at its last decision
+        self._ahead: set[TP] = set()  # the partitions alignment held back at its last decision
         self._held_since: float | None = None  # when the backlog gate began holding all input back
         self._last_error = ""
 
@@ -128,15 +134,15 @@ class InputAlignment:
         """Whether all input is held back for the later stages (since the last check)."""
         return self._held_since is not None
 
-    def after_batch(self, app: Any, partitions: Iterable[int]) -> None:
-        """Stage 1 processed records of `partitions` just now."""
+    def after_batch(self, app: Any, partitions: Iterable[TP]) -> None:
+        """Stage 1 processed records of these input topics' `partitions` just now."""
         now = self.clock()
-        for partition in partitions:
-            moment = self.event_time(partition)
-            highest = self._highest.get(partition)
+        for tp in partitions:
+            moment = self.event_time(tp.topic, tp.partition)
+            highest = self._highest.get(tp)
             if moment is not None and (highest is None or moment > highest):
-                self._highest[partition] = moment
-                self._delivered_at[partition] = now
+                self._highest[tp] = moment
+                self._delivered_at[tp] = now
         self.check(app)
 
     def check(self, app: Any) -> None:
@@ -158,24 +164,28 @@ class InputAlignment:
             return  # Faust pauses and resumes every partition itself meanwhile
         consumer = app.consumer
         assigned = {tp for tp in consumer.assignment() if tp.topic in self.topics}
-        partitions = {tp.partition for tp in assigned}
         # A partition assigned here again starts over: it resumes below the highest time it reached.
-        self._highest = {p: moment for p, moment in self._highest.items() if p in partitions}
+        self._highest = {tp: moment for tp, moment in self._highest.items() if tp in assigned}
         now = self.clock()
         holding = self._holding(consumer, now)
+        paused: set[TP]
         if holding:
-            paused = partitions
+            paused = assigned
         elif self.max_lead is None:
             paused = set()
         else:
-            times = {p: moment for p in partitions if (moment := self.event_time(p)) is not None}
+            times = {
+                tp: moment
+                for tp in assigned
+                if (moment := self.event_time(tp.topic, tp.partition)) is not None
+            }
             # A paused partition may count as delivering for a while: it is ahead, so it never lowers
             # the slowest time, and if it became the slowest it is resumed in this same check.
             delivering = [
-                p for p in partitions if now - self._delivered_at.get(p, -1e18) <= self.idle_seconds
+                tp for tp in assigned if now - self._delivered_at.get(tp, -1e18) <= self.idle_seconds
             ]
             paused = self._bounded_hold(partitions_ahead(times, delivering, self.max_lead), now)
-        wanted = {tp for tp in assigned if tp.partition in paused}
+        wanted = paused
         resume = {tp for tp in self._paused - wanted if tp in assigned}
         if wanted:
             consumer.pause_partitions(wanted)  # again each time: a recovery may have resumed them
@@ -184,24 +194,25 @@ class InputAlignment:
         if not holding and paused != self._ahead:  # logged as alignment decides, not per hold
             log.info(
                 "input alignment: partitions paused now: %s (more than %s ahead of the slowest delivering one)",
-                sorted(paused),
+                sorted(f"{tp.topic}[{tp.partition}]" for tp in paused),
                 self.max_lead,
             )
             self._ahead = paused
         self._paused = wanted
         self.metrics.input_partitions_paused.set(len(paused))
 
-    def _bounded_hold(self, ahead: set[int], now: float) -> set[int]:
+    def _bounded_hold(self, ahead: set[TP], now: float) -> set[TP]:
         """`ahead` without the partitions held back `max_hold_seconds` in a row already."""
-        self._ahead_since = {p: self._ahead_since.get(p, now) for p in ahead}
+        self._ahead_since = {tp: self._ahead_since.get(tp, now) for tp in ahead}
         self._released &= ahead  # caught up: it may be held back again later
-        for partition, since in self._ahead_since.items():
-            if partition not in self._released and now - since >= self.max_hold_seconds:
-                self._released.add(partition)
+        for tp, since in self._ahead_since.items():
+            if tp not in self._released and now - since >= self.max_hold_seconds:
+                self._released.add(tp)
                 log.warning(
-                    "input alignment: partition %d released after %.0f s held back; it stays ahead of "
-                    "the slowest delivering partition (state expires later until that one catches up)",
-                    partition,
+                    "input alignment: partition %s[%d] released after %.0f s held back; it stays ahead "
+                    "of the slowest delivering partition (state expires later until that one catches up)",
+                    tp.topic,
+                    tp.partition,
                     now - since,
                 )
         return ahead - self._released
@@ -233,7 +244,7 @@ def attach_input_alignment(svc: Service) -> InputAlignment | None:
         return None
     alignment = InputAlignment(
         settings.input_topic_names,
-        svc.trace_stage.clock.latest,
+        svc.trace_stage.input_latest,
         timedelta(hours=lead) if lead > 0 else None,
         settings.input_alignment_idle_seconds,
         svc.metrics,

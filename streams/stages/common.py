@@ -105,6 +105,7 @@ class ExpiryClock:
         self._first_heard: dict[int, float] = {}  # partition -> since when it is heard without a silence
         self._last_heard: dict[int, float] = {}
         self._latest: dict[int, datetime] = {}
+        self._latest_of: dict[tuple[int, int], datetime] = {}  # (partition, source) -> its latest event
         self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
     def bounded(self, event_time: datetime) -> datetime:
@@ -116,6 +117,7 @@ class ExpiryClock:
     def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
         bounded = self.bounded(event_time)
         self._latest[partition] = bounded
+        self._latest_of[(partition, source)] = bounded
         sources = self._newest.setdefault(partition, {})
         current = sources.get(source)
         if current is None or bounded > current:
@@ -138,6 +140,10 @@ class ExpiryClock:
         future-dated event would pin.
         """
         return self._latest.get(partition)
+
+    def latest_of(self, partition: int, source: int) -> datetime | None:
+        """`latest` of one source of the partition (stage 1: one input topic's partition)."""
+        return self._latest_of.get((partition, source))
 
     def passed(self, partition: int, moment: datetime) -> bool:
         """True once the partition's event time (its oldest active source's newest) is past `moment`."""

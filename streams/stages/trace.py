@@ -385,6 +385,10 @@ class TraceStage:
             # it (more than `max_remembered_events` later inputs of the claim).
             self._send_claim(event, record, out, redelivered=True)
 
+    def input_latest(self, topic: str, partition: int) -> datetime | None:
+        """The event time of the latest input read from this topic's partition (input alignment)."""
+        return self.clock.latest_of(partition, self._topic_source.get(topic, 0))
+
     def expired(self, state: TraceState) -> bool:
         """Idle longer than the trace TTL, measured against its partition's newest event time."""
         return self.clock.passed(*self.sweep_after(b"", state))
