@@ -25,7 +25,7 @@ BATCH = 100
 # moved on: longer than the test takes between its anchor event and its backlog (the default, 2 s,
 # would let partition 0 go while the test waits for the pause and produces the lagging backlog).
 IDLE_SECONDS = "300"
-PAUSED_ZERO = "input alignment: partitions paused now: [0]"  # streams/alignment.py, logged at INFO
+PAUSED_ZERO = "input alignment: partitions paused now: ['{topic}[0]']"  # streams/alignment.py, INFO
 
 
 def _traces_on(partition: int) -> list[str]:
@@ -68,7 +68,8 @@ def _run(kafka: RunningBroker, lead_hours: str) -> tuple[int, int]:
         d.collect(count_of("TRACE_SCORED", 1, scored, {str(anchor["event_id"])}))
         d.produce(events[0])
         # The gate's decision: partition 0 paused (more than the lead ahead of partition 1 at 0 h).
-        paused = poll(lambda: PAUSED_ZERO in d.log_text(), bool, timeout=60, interval=0.2)
+        paused_zero = PAUSED_ZERO.format(topic=d.settings.input_topic_names[0])
+        paused = poll(lambda: paused_zero in d.log_text(), bool, timeout=60, interval=0.2)
         assert paused, f"partition 0 was never paused by input alignment\n{d.log_tails()}"
         d.produce([*events[1], closing])
         ids = {str(e["event_id"]) for e in [anchor, *events[0], *events[1], closing]}
