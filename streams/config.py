@@ -194,9 +194,9 @@ class Settings(BaseSettings):
     expiry_source_idle_seconds: float = Field(
         300.0,
         gt=0,
-        description="The expiry watermark of the claims, calibration and agent-history partitions "
-        "leaves out an upstream partition that sent nothing this long (wall clock), and sweeps nothing "
-        "this long after a partition's first event.",
+        description="The expiry watermark of the claims, calibration and agent-history partitions (and, "
+        "with several INPUT_TOPICS, of stage 1's trace partitions) leaves out an upstream partition that "
+        "sent nothing this long (wall clock), and sweeps nothing this long after a partition's first event.",
     )
     event_time_max_ahead_hours: float = Field(
         1.0,
@@ -395,7 +395,8 @@ class Settings(BaseSettings):
     @cached_property
     def input_topic_names(self) -> tuple[str, ...]:
         """The input topics as a tuple (all keyed by trace_id and co-partitioned)."""
-        return tuple(t.strip() for t in self.input_topics.split(",") if t.strip())
+        # A topic named twice is one topic (it would count as two sources of stage 1's clock).
+        return tuple(dict.fromkeys(t.strip() for t in self.input_topics.split(",") if t.strip()))
 
     @cached_property
     def tool_categories(self) -> dict[str, str]:

@@ -140,7 +140,10 @@ class LagMonitor:
                 self._last_error = ""
         except Exception as exc:  # a timer that raises would take the whole app down
             self._warn(repr(exc))  # repr: a TimeoutError's str is empty
-            self.keep_only_assigned(consumer)
+            try:
+                self.keep_only_assigned(consumer)
+            except Exception as again:  # the consumer's assignment may not be readable either
+                self._warn(f"assignment not read: {again!r}")
 
     def keep_only_assigned(self, consumer: LagSource) -> None:
         """Drop the series of partitions no longer assigned here, keeping the others' last values: a

@@ -122,6 +122,21 @@ async def test_a_revoked_partition_leaves_the_gauge_also_when_the_sample_fails()
     assert _gauge(registry) == {(IN, "0"): 5}  # partition 1 moved away; partition 0 keeps its value
 
 
+class NotStarted(FakeConsumer):
+    """Faust's consumer before its thread made the aiokafka consumer: even `assignment()` raises."""
+
+    def assignment(self) -> set[TP]:
+        raise RuntimeError("Consumer thread not yet started")
+
+
+async def test_a_sample_that_cannot_read_the_assignment_either_never_raises() -> None:
+    """The diff review: the pruning after a failed sample read the assignment again, outside the
+    error net, and a timer that raises stops the worker."""
+    monitor, registry = _monitor()
+    await monitor.tick(NotStarted({}, {}))
+    assert _gauge(registry) == {}
+
+
 class SlowPosition(FakeConsumer):
     """One partition's position cannot be read (it times out, as during a restore)."""
 

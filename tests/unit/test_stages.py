@@ -321,3 +321,12 @@ def test_with_two_input_topics_one_read_ahead_does_not_expire_the_traces_waiting
         wall[0] = quiet_since + step * idle
         run("in-a", hours, event_id=f"a-{hours}", trace_id=f"other-{hours}", target="Qux")
     assert stage.expired(store[b'["t","T"]'])
+
+
+def test_one_input_topic_named_twice_is_one_topic_with_the_plain_clock() -> None:
+    """The diff review: `INPUT_TOPICS=a,a` counted as two topics and switched on the several-topics
+    clock (nothing swept for EXPIRY_SOURCE_IDLE_SECONDS after a start)."""
+    settings = load_settings(input_topics="agent-events, agent-events")
+    assert settings.input_topic_names == ("agent-events",)
+    stage = TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
+    assert stage.clock.source_idle_seconds is None
