@@ -53,6 +53,7 @@ __all__ = [
     "Table",
     "calibration_records",
     "group_key",
+    "hand_on_outcome",
     "hour_key",
     "subject_key",
     "upstream",
@@ -99,6 +100,24 @@ def calibration_records(settings: Settings, outputs: Outputs) -> list[Record]:
         for (tenant, source), items in grouped.items()
         for value in _messages(tenant, source, items, settings.producer_max_batch_bytes)
     ]
+
+
+def hand_on_outcome(
+    out: Outputs, outcome: OutcomeEvent, received_at: float, input_partition: int, source: int
+) -> None:
+    """Queue an OUTCOME that the claim or agent stage carried, behind the scores queued before it.
+
+    One message per tenant and `source`, in order, so it reaches this stage after them; the stage
+    de-duplicates a re-delivered outcome. Its date moves its input partition's clock source, as when
+    stage 1 sent it, not that of the scores it travels with.
+    """
+    if not out.settings.calibration_enabled:  # turned off since stage 1 forwarded it
+        out.meter(out.metrics.child(out.metrics.outcomes, "disabled").inc)
+        return
+    item = CalibrationItem(
+        outcome=outcome, received_at=received_at, clock_source=upstream("trace", input_partition)
+    )
+    out.calibrate(outcome.tenant_id, source, item)
 
 
 def _messages(tenant: str, source: int, items: list[CalibrationItem], max_bytes: int) -> list[bytes]:

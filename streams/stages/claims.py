@@ -15,7 +15,7 @@ from streams.ids import output_event_id
 from streams.metrics import Metrics
 from streams.scoring import claim_graph
 from streams.scoring.claims import ClaimsConfig
-from streams.stages.calibration import calibration_records, upstream
+from streams.stages.calibration import calibration_records, hand_on_outcome, upstream
 from streams.stages.common import (
     ExpiryClock,
     InputRecord,
@@ -155,17 +155,8 @@ class ClaimStage:
         message = ClaimMessage.model_validate_json(record.value or b"")
         tenant = message.tenant_id
         if message.outcome is not None:
-            # Passed on behind the claim scores queued before it (one message per tenant and source,
-            # in order); the calibration stage de-duplicates a re-delivered outcome.
-            if not self.settings.calibration_enabled:  # turned off since stage 1 forwarded it
-                out.meter(self.metrics.child(self.metrics.outcomes, "disabled").inc)
-            else:
-                item = CalibrationItem(
-                    outcome=message.outcome,
-                    received_at=message.received_at,
-                    clock_source=upstream("trace", message.source_partition),
-                )
-                out.calibrate(tenant, upstream("claims", record.partition), item)
+            source = upstream("claims", record.partition)
+            hand_on_outcome(out, message.outcome, message.received_at, message.source_partition, source)
             return
         assert message.arrived is not None  # the model holds exactly one of the two
         try:

@@ -32,7 +32,7 @@ from streams.events import (
 from streams.ids import output_event_id
 from streams.metrics import OTHER, Metrics, SharedSeries
 from streams.scoring import composite, response
-from streams.stages.calibration import calibration_records, upstream
+from streams.stages.calibration import calibration_records, hand_on_outcome, upstream
 from streams.stages.common import ExpiryClock, InputRecord, Outputs, Record, is_flagged, key_partition, now
 from streams.state import (
     AgentHistory,
@@ -373,17 +373,8 @@ class AgentStage:
     ) -> None:
         pending = decode_responses_message(record.value or b"")
         if isinstance(pending, ResponseOutcome):
-            # Handed on behind the scores of the responses before it (one message per tenant and
-            # source, in order); the calibration stage de-duplicates a re-delivered outcome.
-            if not self.settings.calibration_enabled:  # turned off since stage 1 forwarded it
-                out.meter(self.metrics.child(self.metrics.outcomes, "disabled").inc)
-            else:
-                item = CalibrationItem(
-                    outcome=pending.outcome,
-                    received_at=pending.received_at,
-                    clock_source=upstream("trace", pending.source_partition),
-                )
-                out.calibrate(pending.outcome.tenant_id, upstream("responses", record.partition), item)
+            source = upstream("responses", record.partition)
+            hand_on_outcome(out, pending.outcome, pending.received_at, pending.source_partition, source)
             return
         agent = _Agent(pending.event, dirty, load, load_hour, self.settings.history_chunk_bytes)
         self._apply(agent, pending, record, out)
