@@ -310,8 +310,14 @@ def attach_views(
             threshold = svc.configs.composite.threshold_for(history.agent_type)
             # The window ends at the agent's newest event (event time), not the wall clock, and
             # reaches back at most as far as the history is kept: the hours reported are those counted.
-            hours = min(hours, svc.settings.history_retention_hours)
-            since = newest + timedelta(microseconds=1) - timedelta(hours=hours)
+            retention = svc.settings.history_retention_hours
+            hours = min(hours, retention)
+            # (newest - hours, newest], but the whole retention from its horizon itself: the stage
+            # keeps and counts an entry dated exactly there (its windows start at the horizon).
+            if hours >= retention:
+                since = newest - timedelta(hours=retention)
+            else:
+                since = newest + timedelta(microseconds=1) - timedelta(hours=hours)
             recent = agent_entries(history, _hour_loader(svc), since)
             return _json(self.web, agent_statistics(history, recent, hours, threshold))
 

@@ -368,6 +368,23 @@ def test_agent_history_moves_and_blocks_with_i_dont_know(deployment: Deployment)
     assert _get(deployment, "/agents/history-tenant/nobody") == (404, {"error": "unknown agent"})
 
 
+def test_the_agent_view_counts_a_response_at_the_retention_horizon(deployment: Deployment) -> None:
+    """Thirty-first round: the view's window began 1 us after the horizon (newest - 168 h), while the
+    stage keeps and counts a response dated exactly there: the view said 1 execution of 2."""
+    s = deployment.settings
+    f = EventFactory(tenant="horizon-tenant")
+    week = s.history_retention_hours * 60
+    events = [f.response("horizon-1", minutes, agent="edge-x") for minutes in (0, week)]
+    for event in events:  # in order: the second's history holds the first, exactly at its horizon
+        deployment.produce([event])
+        deployment.collect(count_of("RESPONSE_SCORED", 1, s.scored_topic, {event["event_id"]}))
+    status, body = poll(
+        lambda: _get(deployment, "/agents/horizon-tenant/edge-x"),
+        lambda answer: answer[0] == 200 and answer[1]["total_executions"] == 2,
+    )
+    assert status == 200 and body["total_executions"] == 2, body
+
+
 # The worker-wide series test_metrics_and_health counts by difference, and what its traffic adds to each.
 _WATCHED: dict[str, tuple[str, dict[str, str], int]] = {
     "processed": ("confidence_events_processed_total", {"event_type": "LLM_RESPONSE"}, 3),

@@ -341,3 +341,31 @@ def test_a_forwarded_answer_keeps_the_owners_status_and_content_type() -> None:
         assert (response.status, response.content_type) == (500, "text/plain"), await response.text()
 
     _two_workers(lambda a, b: b.app.conf.canonical_url, broken, check)
+
+
+def test_the_agent_view_counts_a_response_at_the_horizon_as_the_stage_does() -> None:
+    """Views review: the view's window began 1 us after the retention horizon, while the stage, its
+    success-rate gauge and DECISIONS ("windows, the success-rate gauge, the view and re-delivery all
+    start at the horizon") count a response dated exactly there (view: 1 execution, rate 0.0)."""
+    import random
+
+    from tests.unit.test_history_stage import EXAMPLE, T0, Responses
+
+    kw = {"history_retention_hours": 24.0, "history_window_hours": 24.0}
+    responses = Responses(load_settings(**kw), random.Random(1))
+    responses.score("a", T0 - timedelta(hours=24), good=True)  # exactly at newest - retention
+    responses.score("b", T0, good=False)
+    assert responses.success_rate() == 0.5  # the stage counts both
+    svc = _owning_every_key(**kw)
+    for key, summary in responses.tables.summary.items():
+        svc.agents_history.data[key] = summary.model_dump_json().encode()
+    for key, hour in responses.tables.hours.items():
+        svc.agent_history_hours.data[key] = encode_history_hour(hour)
+
+    async def check(client: TestClient) -> None:
+        for query in ("", "?hours=24", "?hours=168"):
+            response = await client.get(f"/agents/{EXAMPLE['tenant_id']}/{EXAMPLE['agent_name']}{query}")
+            body = await response.json()
+            assert (body["total_executions"], body["success_rate"]) == (2, 0.5), (query, body)
+
+    _ask(svc, check)
