@@ -14,6 +14,7 @@ from typing import Literal
 __all__ = ["FaultInjector", "InjectedFault"]
 
 FaultPoint = Literal["send", "table", "sweep"]
+AGENTS = ("score-events", "score-responses", "score-claims", "calibrate")  # streams/agents.py names
 
 
 class InjectedFault(RuntimeError):
@@ -42,6 +43,11 @@ class FaultInjector:
         point, agent, batch = parts
         if point not in ("send", "table", "sweep"):
             raise ValueError(f"FAULT_INJECTION point must be send, table or sweep, not {point!r}")
+        # A spec that can never fire is refused: a mistyped one injected nothing, silently.
+        if point == "sweep" and agent != "expiry":
+            raise ValueError(f"FAULT_INJECTION sweep faults name the sweep `expiry`, not {agent!r}")
+        if point != "sweep" and agent not in AGENTS:
+            raise ValueError(f"FAULT_INJECTION agent must be one of {', '.join(AGENTS)}, not {agent!r}")
         return cls(point, agent, int(batch))  # type: ignore[arg-type]
 
     def next_batch(self, agent: str) -> int:

@@ -282,7 +282,18 @@ def test_a_broker_out_of_reach_is_one_line_naming_its_address(
 
 
 @pytest.mark.parametrize(
-    "spec", ["garbage", "send:score-events", "send:score-events:0", "send::1", "boom:x:1"]
+    "spec",
+    [
+        "garbage",
+        "send:score-events",
+        "send:score-events:0",
+        "send::1",
+        "boom:x:1",
+        # Specs that could never fire (at-least-once review): they injected nothing, silently.
+        "sweep:score-events:1",
+        "send:expiry:1",
+        "send:score-event:1",
+    ],
 )
 def test_a_malformed_fault_injection_is_one_line_at_start_up(
     spec: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -405,3 +416,14 @@ def test_faust_import_time_variables_do_not_move_the_web_server() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tcp:"
+
+
+def test_fault_injection_names_the_agents_the_worker_registers() -> None:
+    """The agent names FAULT_INJECTION accepts are the ones streams/agents.py registers."""
+    import re
+    from pathlib import Path
+
+    from streams.faults import AGENTS
+
+    source = (Path(__file__).parents[2] / "streams/agents.py").read_text()
+    assert tuple(re.findall(r'@app\.agent\([^)]*name="([^"]+)"\)', source)) == AGENTS
