@@ -232,7 +232,8 @@ class TraceStage:
 
         Sent straight from here, an outcome could reach the calibration stage before the score it
         judges, still on its way through a later stage: counted against an older score (a claim's), or
-        waiting until the sweep counted it unmatched (a response's, when the clock had passed its wait).
+        waiting until the sweep counted it unmatched (a response's, when the clock had passed its wait;
+        a response the agent stage dead-letters still makes no score to wait for).
         A response this trace does not know (another trace id, a trace expired, or applied before
         `response_agents` existed) has no known route: it goes straight, as before.
         """

@@ -23,9 +23,19 @@ def _first(names: list[str], partition_of: Callable[[str], int], partition: int)
     return next(n for n in names if partition_of(n) == partition)
 
 
-# One tenant per calibration partition, one agent per responses partition (with tenant "series").
+# One tenant per calibration partition, whose responses (agent planner-1) are on the responses partition
+# of the same number, so each partition moving away takes a tenant's average with it; and one agent per
+# responses partition (with tenant "series").
 TENANTS = [
-    _first([f"tenant-{i}" for i in range(50)], lambda t: tenant_partition(t, PARTITIONS), p)
+    _first(
+        [f"tenant-{i}" for i in range(200)],
+        lambda t: (
+            tenant_partition(t, PARTITIONS)
+            if tenant_partition(t, PARTITIONS) == key_partition(table_key(t, "planner-1"), PARTITIONS)
+            else -1
+        ),
+        p,
+    )
     for p in range(PARTITIONS)
 ]
 AGENTS = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -76,8 +77,9 @@ def test_a_topic_read_ahead_does_not_expire_traces_whose_events_wait_in_the_othe
 ) -> None:
     """Thirty-first round: the input topics sharing a partition number shared one expiry clock, so a
     topic read 24.5 h ahead let the sweep delete trace T while T's next event waited in the other topic
-    (scored 0.55, a lone read, instead of 0.772 with its find). Each topic is a source of the clock now;
-    both are kept heard here (a topic quiet past EXPIRY_SOURCE_IDLE_SECONDS leaves the watermark)."""
+    (scored 0.55, a lone read, instead of 0.772 with its find). Each topic is a source of the clock now.
+    The second topic is kept heard throughout (a topic quiet past EXPIRY_SOURCE_IDLE_SECONDS leaves the
+    watermark): a thread sends it an event every second until T's read is produced."""
     idle = 15.0
     d = deploy(kafka, partitions=1, SWEEP_INTERVAL_SECONDS="0.5", EXPIRY_SOURCE_IDLE_SECONDS=str(idle))
     first = d.settings.input_topic_names[0]
@@ -85,32 +87,52 @@ def test_a_topic_read_ahead_does_not_expire_traces_whose_events_wait_in_the_othe
     d.env["INPUT_TOPICS"] = f"{first},{second}"
     asyncio.run(create_topics(load_settings(**{k.lower(): v for k, v in d.env.items()})))
     f = EventFactory(tenant="ahead")
+    scored = d.settings.scored_topic
 
     def to_second(*events: dict[str, Any]) -> None:
         records = [(e["trace_id"].encode(), encode(e)) for e in events]
         asyncio.run(produce(kafka.bootstrap_servers, second, records))
 
+    stop = threading.Event()
+
+    def keep_second_heard() -> None:
+        own = EventFactory(tenant="ahead")  # its own event ids: the factory is not shared across threads
+        n = 0
+        while not stop.is_set():
+            n += 1
+            to_second(own.tool(f"ahead-b{n}", "find", "Other", 30))
+            stop.wait(1.0)
+
+    find = f.tool("ahead-T", "find", "Widget", 0, result_count=2)
+    heard = threading.Thread(target=keep_second_heard, name="second-topic")
     d.start_worker()
     try:
-        d.produce([f.tool("ahead-T", "find", "Widget", 0, result_count=2)])
-        started = time.monotonic()
-        n = 0
-        while time.monotonic() - started < idle + 3:  # both topics heard, past the clock's start-up grace
+        d.produce([find])
+        d.collect(count_of("TRACE_SCORED", 1, scored, {find["event_id"]}), timeout=60)
+        heard.start()
+        # Past the clock's start-up grace (wall clock, idle + 3 s after both topics were first heard),
+        # the first topic heard too: each of its events waits for its output before the next.
+        started, n = time.monotonic(), 0
+        while time.monotonic() - started < idle + 3:
             n += 1
-            d.produce([f.tool(f"ahead-a{n}", "find", "Other", 30)])
-            to_second(f.tool(f"ahead-b{n}", "find", "Other", 30))
-            d.collect(count_of("TRACE_SCORED", 1 + 2 * n, d.settings.scored_topic), timeout=30)
-            time.sleep(2)  # pacing the keep-alive inputs, not waiting for a result
-        # The first topic reads 24.5 h on; two sweeps run with the second topic still heard.
-        d.produce([f.tool("ahead-far", "find", "Other", 24.5 * 60)])
-        d.collect(count_of("TRACE_SCORED", 2 + 2 * n, d.settings.scored_topic), timeout=30)
+            event = f.tool(f"ahead-a{n}", "find", "Other", 30)
+            d.produce([event])
+            d.collect(count_of("TRACE_SCORED", 1, scored, {event["event_id"]}), timeout=30)
+        # The first topic reads 24.5 h on; two sweeps run while the second is still heard.
+        far = f.tool("ahead-far", "find", "Other", 24.5 * 60)
+        d.produce([far])
+        d.collect(count_of("TRACE_SCORED", 1, scored, {far["event_id"]}), timeout=30)
         sweeps_from = _sweeps(d.web_ports[0])
-        assert (
-            poll(lambda: _sweeps(d.web_ports[0]), lambda s: s >= sweeps_from + 2, 10, 0.1) >= sweeps_from + 2
-        )
-        to_second(f.tool("ahead-T", "read", "src/Widget.h", 60))
-        records = d.collect(count_of("TRACE_SCORED", 3 + 2 * n, d.settings.scored_topic), timeout=30)
+        swept = poll(lambda: _sweeps(d.web_ports[0]), lambda s: s >= sweeps_from + 2, 10, 0.1)
+        assert swept >= sweeps_from + 2, "no sweep ran"
+        read = f.tool("ahead-T", "read", "src/Widget.h", 60)
+        to_second(read)
+        stop.set()
+        records = d.collect(count_of("TRACE_SCORED", 1, scored, {read["event_id"]}), timeout=30)
     finally:
+        stop.set()
+        if heard.is_alive():
+            heard.join(timeout=10)
         d.stop()
-    (read,) = [o for o in d.outputs(records) if o["trace_id"] == "ahead-T" and o["score"] != 0.65]
-    assert round(read["score"], 3) == 0.772, read  # the find and the read converge: T was kept
+    (output,) = [o for o in d.outputs(records) if o["source_event_id"] == read["event_id"]]
+    assert round(output["score"], 3) == 0.772, output  # the find and the read converge: T was kept
