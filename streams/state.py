@@ -129,7 +129,9 @@ class PendingResponse(BaseModel):
     logprobs_present: bool
     heuristic: HeuristicResult
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
-    source_partition: int = Field(0, description="Input partition the response came from (expiry watermark).")
+    source_partition: int = Field(
+        0, description="Input partition the response came from (expiry watermark; stages/trace `_source`)."
+    )
     redelivered: bool = Field(
         False, description="Stage 1 had applied this event id already: stage 2 must not count it again."
     )
@@ -147,7 +149,9 @@ class ResponseOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
     outcome: OutcomeEvent
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
-    source_partition: int = Field(description="Input partition the outcome came from (expiry clock).")
+    source_partition: int = Field(
+        description="Input partition the outcome came from (expiry clock; stages/trace `_source`)."
+    )
 
 
 _RESPONSE_OUTCOME_PREFIX = b'{"outcome":'
@@ -254,7 +258,9 @@ class ClaimMessage(BaseModel):
     arrived: ClaimArrived | None = None
     outcome: OutcomeEvent | None = Field(None, description="An OUTCOME with a claim_id (then no claim).")
     received_at: float = Field(description="Producer timestamp of the input record, epoch seconds.")
-    source_partition: int = Field(0, description="Input partition the claim came from (expiry watermark).")
+    source_partition: int = Field(
+        0, description="Input partition the claim came from (expiry watermark; stages/trace `_source`)."
+    )
     redelivered: bool = Field(
         False, description="Stage 1 applied this input before: the claim stage re-emits, never re-applies."
     )

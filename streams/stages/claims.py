@@ -40,13 +40,17 @@ def claim_message(
     arrived: claim_graph.ClaimArrived,
     source: InputRecord,
     redelivered: bool = False,
+    input_source: int | None = None,
 ) -> Record:
-    """The record that carries a CLAIM input from stage 1 to the claim stage (key and partition: tenant)."""
+    """The record that carries a CLAIM input from stage 1 to the claim stage (key and partition: tenant).
+
+    `input_source` is the input partition as the expiry clocks count it (stage 1's `_source`; by default
+    the record's partition)."""
     value = ClaimMessage(
         tenant_id=tenant_id,
         arrived=arrived,
         received_at=source.timestamp,
-        source_partition=source.partition,
+        source_partition=source.partition if input_source is None else input_source,
         redelivered=redelivered,
     )
     return Record(
@@ -57,7 +61,9 @@ def claim_message(
     )
 
 
-def claim_outcome_message(settings: Settings, outcome: OutcomeEvent, source: InputRecord) -> Record:
+def claim_outcome_message(
+    settings: Settings, outcome: OutcomeEvent, source: InputRecord, input_source: int | None = None
+) -> Record:
     """The record that carries an OUTCOME judging a claim from stage 1 through the claim stage.
 
     Keyed and partitioned by tenant like the CLAIMs, so stage 3 hands it to the calibration stage after
@@ -69,7 +75,7 @@ def claim_outcome_message(settings: Settings, outcome: OutcomeEvent, source: Inp
         tenant_id=outcome.tenant_id,
         outcome=outcome,
         received_at=source.timestamp,
-        source_partition=source.partition,
+        source_partition=source.partition if input_source is None else input_source,
     )
     return Record(
         settings.claims_topic,

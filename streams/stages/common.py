@@ -23,6 +23,7 @@ from streams.metrics import Metrics
 from streams.state import CalibrationItem, CalibrationMessage, CalibrationSubject
 
 __all__ = [
+    "INPUT_SOURCE_STRIDE",
     "ExpiryClock",
     "InputRecord",
     "MeasuredSizes",
@@ -160,6 +161,11 @@ class ExpiryClock:
         active = [newest for source, newest in sources.items() if at - heard[source] <= idle]
         # Every source quiet: nothing arrives, so nothing grows; the oldest still holds.
         return min(active or sources.values()) > moment
+
+
+# The later stages' expiry clocks count each input topic's partition as its own upstream source: the
+# second input topic's partition p is INPUT_SOURCE_STRIDE + p (TOPIC_PARTITIONS is at most 1,024).
+INPUT_SOURCE_STRIDE = 1024
 
 
 def key_partition(key: bytes, partitions: int) -> int:

@@ -24,6 +24,7 @@ from streams.scoring import claim_graph, evidence, heuristic, response, synthesi
 from streams.stages.calibration import calibration_records, upstream
 from streams.stages.claims import claim_message, claim_outcome_message
 from streams.stages.common import (
+    INPUT_SOURCE_STRIDE,
     ExpiryClock,
     InputRecord,
     MeasuredSizes,
@@ -218,7 +219,7 @@ class TraceStage:
                 scores={"evidence": result.score},
                 agent_type=event.agent_type,
             )
-            source = upstream("trace", record.partition)
+            source = upstream("trace", self._source(record))
             item = CalibrationItem(subject=subject, received_at=record.timestamp)
             out.calibrate(event.tenant_id, source, item)
         return {"evidence": new_evidence}, [without_scored_at(output)]
@@ -241,19 +242,19 @@ class TraceStage:
             self.metrics.outcomes.labels("disabled").inc()
             return
         if event.subject_type == "claim":
-            out.forward(claim_outcome_message(self.settings, event, record))
+            out.forward(claim_outcome_message(self.settings, event, record, self._source(record)))
             return
         agent = None if state is None else state.response_agents.get(event.subject_id)
         if event.subject_type == "response" and agent is not None:
             message = ResponseOutcome(
-                outcome=event, received_at=record.timestamp, source_partition=record.partition
+                outcome=event, received_at=record.timestamp, source_partition=self._source(record)
             )
             key = table_key(event.tenant_id, agent)  # the response's own key and partition (`_send_pending`)
             partition = key_partition(key, self.settings.topic_partitions)
             value = message.model_dump_json().encode()
             out.forward(Record(self.settings.responses_topic, key, value, partition=partition))
             return
-        source = upstream("trace", record.partition)
+        source = upstream("trace", self._source(record))
         out.calibrate(event.tenant_id, source, CalibrationItem(outcome=event, received_at=record.timestamp))
 
     # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
@@ -326,7 +327,7 @@ class TraceStage:
             logprobs_present=bool(event.token_logprobs),
             heuristic=heuristic.score_heuristic(event.response),
             received_at=record.timestamp,
-            source_partition=record.partition,
+            source_partition=self._source(record),
         )
 
     def _send_pending(self, pending: PendingResponse, out: Outputs) -> None:
@@ -364,7 +365,10 @@ class TraceStage:
         arrived = claim_graph.ClaimArrived(
             definition=claim_definition(event), source_event_id=event.event_id, event_time=event.timestamp
         )
-        out.forward(claim_message(self.settings, event.tenant_id, arrived, record, redelivered))
+        message = claim_message(
+            self.settings, event.tenant_id, arrived, record, redelivered, self._source(record)
+        )
+        out.forward(message)
 
     def _forward(
         self,
@@ -385,6 +389,11 @@ class TraceStage:
             # Marked, so the claim stage never applies it again, even where the claim has forgotten
             # it (more than `max_remembered_events` later inputs of the claim).
             self._send_claim(event, record, out, redelivered=True)
+
+    def _source(self, record: InputRecord) -> int:
+        """The input partition as the later stages' expiry clocks count it: one source per input topic's
+        partition (partition numbers of the first topic as they are; INPUT_SOURCE_STRIDE apart after)."""
+        return self._topic_source.get(record.topic, 0) * INPUT_SOURCE_STRIDE + record.partition
 
     def input_latest(self, topic: str, partition: int) -> datetime | None:
         """The event time of the latest input read from this topic's partition (input alignment)."""

@@ -15,7 +15,7 @@ from streams.scoring import evidence
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import InputRecord, TraceStage
 from streams.stages.claims import ClaimStage
-from streams.stages.common import Outputs
+from streams.stages.common import ExpiryClock, Outputs
 from streams.state import CalibrationItem, TraceState
 
 BASE = {
@@ -330,3 +330,44 @@ def test_one_input_topic_named_twice_is_one_topic_with_the_plain_clock() -> None
     assert settings.input_topic_names == ("agent-events",)
     stage = TraceStage(settings, scoring_configs(settings), metrics.create(CollectorRegistry()))
     assert stage.clock.source_idle_seconds is None
+
+
+def test_with_two_input_topics_the_later_stages_count_each_topics_partition_as_a_source() -> None:
+    """The later stages' clocks counted stage 1's partition number as one source, so topic A read
+    ahead moved them past what topic B's backlog still sends (the calibration stage swept outcomes
+    still waiting for B's scores; alignment lets A run up to 2 h ahead, an outcome waits 1 h)."""
+    from datetime import timedelta
+
+    from streams.stages import AgentStage
+    from streams.stages.common import INPUT_SOURCE_STRIDE, key_partition
+    from streams.state import table_key
+
+    settings = load_settings(input_topics="in-a,in-b")
+    configs, registry = scoring_configs(settings), metrics.create(CollectorRegistry())
+    stage1, stage2 = TraceStage(settings, configs, registry), AgentStage(settings, configs, registry)
+    stage2.clock = ExpiryClock(stage2.clock.max_ahead)  # no idle grace: the sources decide
+    t0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
+    n = settings.topic_partitions
+    agents = [f"agent-{i}" for i in range(50)]
+    a_agent = agents[0]
+    b_agent = next(
+        a
+        for a in agents[1:]
+        if key_partition(table_key("t", a), n) == key_partition(table_key("t", a_agent), n)
+    )
+    response = {
+        **BASE, "event_type": "LLM_RESPONSE", "request_id": "q", "model": "m", "endpoint": "e", "response": "ok",
+    }  # fmt: skip
+    sources = []
+    for topic, agent, hours in (("in-a", a_agent, 30), ("in-b", b_agent, 0)):
+        moment = (t0 + timedelta(hours=hours)).isoformat()
+        event = {**response, "event_id": f"{topic}-r", "agent_name": agent, "timestamp": moment}
+        records, _ = stage1.process([InputRecord(topic, 0, 0, 1.0, orjson.dumps(event))], {}.get)
+        (forwarded,) = [r for r in records if r.topic == settings.responses_topic]
+        sources.append(orjson.loads(forwarded.value)["source_partition"])
+        pending = InputRecord(settings.responses_topic, forwarded.partition or 0, 0, 1.0, forwarded.value)
+        stage2.process([pending], lambda key: None, lambda key: None)
+    assert sources == [0, INPUT_SOURCE_STRIDE]
+    responses_partition = key_partition(table_key("t", a_agent), n)
+    assert not stage2.clock.passed(responses_partition, t0 + timedelta(hours=1))  # topic B holds it
+    assert stage2.clock.passed(responses_partition, t0 - timedelta(hours=1))
