@@ -105,7 +105,6 @@ class ExpiryClock:
         self._heard: dict[int, dict[int, float]] = {}  # partition -> source -> when it last sent
         self._first_heard: dict[int, float] = {}  # partition -> since when it is heard without a silence
         self._last_heard: dict[int, float] = {}
-        self._latest: dict[int, datetime] = {}
         self._latest_of: dict[tuple[int, int], datetime] = {}  # (partition, source) -> its latest event
         self._bound = now() + max_ahead  # cached: the wall clock only grows, so this can only lag it
 
@@ -117,7 +116,6 @@ class ExpiryClock:
 
     def saw(self, partition: int, event_time: datetime, source: int = 0) -> None:
         bounded = self.bounded(event_time)
-        self._latest[partition] = bounded
         self._latest_of[(partition, source)] = bounded
         sources = self._newest.setdefault(partition, {})
         current = sources.get(source)
@@ -134,16 +132,13 @@ class ExpiryClock:
                 self._first_heard[partition] = heard_at
             self._last_heard[partition] = heard_at
 
-    def latest(self, partition: int) -> datetime | None:
-        """The (bounded) event time of the partition's most recent event: how far reading has got.
+    def latest_of(self, partition: int, source: int) -> datetime | None:
+        """The (bounded) event time of the most recent event of one source of the partition (stage 1:
+        one input topic's partition): how far reading has got.
 
         Input alignment (streams/alignment.py) reads this rather than the newest time, which one
         future-dated event would pin.
         """
-        return self._latest.get(partition)
-
-    def latest_of(self, partition: int, source: int) -> datetime | None:
-        """`latest` of one source of the partition (stage 1: one input topic's partition)."""
         return self._latest_of.get((partition, source))
 
     def passed(self, partition: int, moment: datetime) -> bool:

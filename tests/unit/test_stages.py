@@ -94,11 +94,12 @@ def test_expiry_clock_is_per_partition_and_a_watermark_over_sources() -> None:
     assert not clock.passed(2, t0)  # a partition never seen expires nothing
     clock.saw(1, datetime(2999, 1, 1, tzinfo=UTC))  # far future: bounded by the wall clock + 1 h
     assert not clock.passed(1, datetime.now(UTC) - hour + 3 * hour)
-    latest = clock.latest(1)
+    latest = clock.latest_of(1, 0)
     assert latest is not None and latest <= datetime.now(UTC) + hour
     clock.saw(1, t0 + 11 * hour)  # latest is the last event's time (input alignment), not the newest
-    assert clock.latest(1) == t0 + 11 * hour
-    assert clock.latest(0) == t0 + 2 * hour and clock.latest(2) is None
+    assert clock.latest_of(1, 0) == t0 + 11 * hour
+    assert clock.latest_of(0, 1) == t0 + 2 * hour and clock.latest_of(0, 0) == t0 + 10 * hour
+    assert clock.latest_of(2, 0) is None
 
 
 def test_a_quiet_source_leaves_the_watermark_and_a_fresh_partition_waits_for_its_sources() -> None:
