@@ -112,11 +112,11 @@ class TraceStage:
         # Counted with the batch: an input dead-lettered later (trace_state_full, a scorer error) is not.
         out.meter(self.metrics.child(self.metrics.events_processed, event.event_type).inc)
         self.clock.saw(record.partition, event.timestamp, source=self._topic_source.get(record.topic, 0))
+        if isinstance(event, OutcomeEvent):
+            self._outcome(event, batch, record, out)  # changes no trace state: stage 4 de-duplicates
+            return
         key = table_key(event.tenant_id, event.trace_id)
         state = batch.dirty.get(key) or batch.load(key)
-        if isinstance(event, OutcomeEvent):
-            self._outcome(event, state, record, out)  # changes no trace state: stage 4 de-duplicates
-            return
         if key not in batch.size_bound:
             batch.size_bound[key] = batch.sizes.stored_bytes(key)
         if state is None:
@@ -226,9 +226,7 @@ class TraceStage:
 
     # --- OUTCOME -> the calibration stage ------------------------------------------------------------
 
-    def _outcome(
-        self, event: OutcomeEvent, state: TraceState | None, record: InputRecord, out: Outputs
-    ) -> None:
+    def _outcome(self, event: OutcomeEvent, batch: _Batch, record: InputRecord, out: Outputs) -> None:
         """To the calibration stage the way the scores it judges go, so it arrives behind them.
 
         Sent straight from here, an outcome could reach the calibration stage before the score it
@@ -244,8 +242,8 @@ class TraceStage:
         if event.subject_type == "claim":
             out.forward(claim_outcome_message(self.settings, event, record, self._source(record)))
             return
-        agent = None if state is None else state.response_agents.get(event.subject_id)
-        if event.subject_type == "response" and agent is not None:
+        agent = self._agent_of_response(event, batch) if event.subject_type == "response" else None
+        if agent is not None:
             message = ResponseOutcome(
                 outcome=event, received_at=record.timestamp, source_partition=self._source(record)
             )
@@ -256,6 +254,14 @@ class TraceStage:
             return
         source = upstream("trace", self._source(record))
         out.calibrate(event.tenant_id, source, CalibrationItem(outcome=event, received_at=record.timestamp))
+
+    @staticmethod
+    def _agent_of_response(event: OutcomeEvent, batch: _Batch) -> str | None:
+        """The agent of the response an outcome judges, if the outcome's trace applied it (the only
+        outcomes that read trace state: a claim's or a trace's route needs none)."""
+        key = table_key(event.tenant_id, event.trace_id)
+        state = batch.dirty.get(key) or batch.load(key)
+        return None if state is None else state.response_agents.get(event.subject_id)
 
     # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
 
