@@ -516,17 +516,24 @@ def test_a_score_counts_unmatched_only_the_waiting_outcomes_whose_wait_it_passed
     assert w.registry.get_sample_value("confidence_outcomes_unmatched_total") == 2
 
 
-def test_an_ece_move_of_exactly_the_setting_is_emitted() -> None:
-    """20 outcomes of 0.5-scores, 6 right: ECE 0.2, emitted. 5 more, 1 right: ECE 7/25 = 0.22, a move of
-    exactly CALIBRATION_ECE_CHANGE (0.02), computed as 0.01999999999999996 and not emitted: compared
-    unrounded, against DESIGN 4b."""
-    w = _Worker()  # minimum 20 samples, change 0.02, at most every 10 minutes
+def model_updates_of_25_half_scores(w: _Worker) -> list[tuple[int, dict[str, Any]]]:
+    """25 responses scored 0.5, each followed by its outcome, right for the first 6 and the 21st: the
+    model group's CALIBRATION_UPDATED outputs, each with the outcomes fed when it was emitted."""
     emitted = []
     for i in range(25):
         w.feed(_score(f"r{i}", 2 * i, score=0.5))
         records, _ = w.feed(_outcome(f"o{i}", f"r{i}", 2 * i + 1, correct=i < 6 or i == 20))
         updates = [orjson.loads(r.value) for r in records if r.topic == w.settings.scored_topic]
-        emitted += [(i + 1, u["ece"]) for u in updates if u["group"]["dimension"] == "model"]
+        emitted += [(i + 1, u) for u in updates if u["group"]["dimension"] == "model"]
+    return emitted
+
+
+def test_an_ece_move_of_exactly_the_setting_is_emitted() -> None:
+    """20 outcomes of 0.5-scores, 6 right: ECE 0.2, emitted. 5 more, 1 right: ECE 7/25 = 0.22, a move of
+    exactly CALIBRATION_ECE_CHANGE (0.02), computed as 0.01999999999999996 and not emitted: compared
+    unrounded, against DESIGN 4b."""
+    w = _Worker()  # minimum 20 samples, change 0.02, at most every 10 minutes
+    emitted = [(samples, u["ece"]) for samples, u in model_updates_of_25_half_scores(w)]
     assert [samples for samples, _ in emitted] == [20, 25]
     assert emitted[1][1] == pytest.approx(0.22)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import pytest
 
 from streams.scoring import calibration
@@ -33,7 +32,15 @@ from streams.stages.calibration import _messages, hour_key, subject_key
 from streams.stages.common import ExpiryClock
 from streams.state import CalibrationItem, CalibrationMessage, CalibrationSubject, SubjectEntry
 from tests.unit import stage_records
-from tests.unit.test_calibration_stage import START, TENANT, _outcome, _score, _swept, _Worker
+from tests.unit.test_calibration_stage import (
+    START,
+    TENANT,
+    _outcome,
+    _score,
+    _swept,
+    _Worker,
+    model_updates_of_25_half_scores,
+)
 from tests.unit.test_claim_node_bound import _claim as _claim_event
 from tests.unit.test_claim_node_bound import _Worker as _ClaimWorker
 
@@ -208,12 +215,7 @@ def test_one_calibration_item_larger_than_the_batch_limit_is_still_one_message()
 def test_a_calibration_update_names_the_ece_last_emitted_for_its_group() -> None:
     """CALIBRATION_UPDATED carries `previous_ece`: None the first time, then the ECE emitted before."""
     worker = _Worker()  # minimum 20 samples, change 0.02, at most every 10 minutes
-    emitted = []
-    for i in range(25):
-        worker.feed(_score(f"r{i}", 2 * i, score=0.5))
-        records, _ = worker.feed(_outcome(f"o{i}", f"r{i}", 2 * i + 1, correct=i < 6 or i == 20))
-        updates = [orjson.loads(r.value) for r in records if r.topic == worker.settings.scored_topic]
-        emitted += [(u["ece"], u["previous_ece"]) for u in updates if u["group"]["dimension"] == "model"]
+    emitted = [(u["ece"], u["previous_ece"]) for _, u in model_updates_of_25_half_scores(worker)]
     assert len(emitted) == 2
     assert emitted[0][1] is None
     assert emitted[1][1] == emitted[0][0] == pytest.approx(0.2)
