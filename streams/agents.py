@@ -189,7 +189,9 @@ def attach_agents(svc: Service) -> ClaimFacts:
             stop_worker(svc, f"the expiry sweep failed: {exc!r}")
 
     def sweep(recovery: Recovery) -> None:
-        """Drop traces idle past their TTL and claims past theirs (event time, this worker's partitions)."""
+        """Drop traces and claims past their TTL, agents' histories past HISTORY_RETENTION_HOURS and
+        calibration scores, outcomes and groups past their windows (event time, this worker's
+        partitions); then set `confidence_table_keys` and send the table changes."""
         svc.faults.check_sweep()
         started = time.perf_counter()
         expired_traces = [

@@ -129,7 +129,7 @@ class BatchRunner:
         self.svc = svc
         self.agent = agent
         self.tables = tables
-        self.bundled_input = bundled_input  # an internal topic: records are bundles (stages.bundle)
+        self.bundled_input = bundled_input  # an internal topic: records are bundles (stages.common.bundle)
         settings = svc.settings
         self.internal_topics = frozenset(settings.internal_topics)
         self.max_bundle_bytes = settings.producer_max_batch_bytes

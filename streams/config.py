@@ -246,7 +246,8 @@ class Settings(BaseSettings):
     )
     fault_injection: str = Field(
         "",
-        description="Tests only: `<send|table>:<agent>:<batch number>` makes that batch fail (see streams/faults.py).",
+        description="Tests only: `<send|table>:<agent>:<batch number>` makes that batch fail, "
+        "`sweep:expiry:<n>` the n-th expiry sweep (see streams/faults.py).",
     )
 
     # --- Calibration (outcome feedback, README "Calibration") ---------------------------------------
@@ -423,7 +424,7 @@ class Settings(BaseSettings):
     def internal_batch_records(self) -> int:
         """Records an internal-topic agent takes per batch (and buffers, twice that).
 
-        Internal records are bundles of up to one upstream batch's messages (streams.stages.bundle),
+        Internal records are bundles of up to one upstream batch's messages (streams.stages.common.bundle),
         so a lagging stage takes about as many messages per batch as an input batch holds, not
         `batch_size` bundles of them.
         """

@@ -57,7 +57,6 @@ __all__ = [
     "ToolInvocation",
     "TraceScored",
     "input_adapter",
-    "output_adapter",
 ]
 
 # The scores calibration follows: response confidence, composite, trace evidence, claim midpoint.
@@ -448,9 +447,6 @@ OutputEvent = Annotated[
     ResponseScored | TraceScored | ClaimScored | SynthesisScored | CalibrationUpdated,
     Field(discriminator="event_type"),
 ]
-output_adapter: TypeAdapter[
-    ResponseScored | TraceScored | ClaimScored | SynthesisScored | CalibrationUpdated
-] = TypeAdapter(OutputEvent)
 
 
 class _EmittedSchema(GenerateJsonSchema):

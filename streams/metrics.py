@@ -53,10 +53,6 @@ class LabelCap:
         seen.add(values)
         return values
 
-    def has(self, label: str, value: str) -> bool:
-        """Whether `value` has a place of its own (its series is not `other`); takes no place."""
-        return value in self._seen.get(label, ())
-
     def forget(self, label: str, value: str) -> None:
         """Free `value`'s place (its series was removed), so a newcomer need not become `other`."""
         self._seen.get(label, set()).discard(value)
@@ -277,7 +273,8 @@ def create(registry: CollectorRegistry, label_cap: int = 100) -> Metrics:
         ),
         outcomes_unmatched=Counter(
             "confidence_outcomes_unmatched",
-            "OUTCOME events dropped because their score never arrived or had expired",
+            "OUTCOME events dropped because their score never arrived, arrived dated past the outcome's wait, "
+            "or had expired",
             registry=registry,
         ),
         response_actions=Counter(

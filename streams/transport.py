@@ -1,5 +1,6 @@
-"""Faust's aiokafka transport with three changes: a configurable fetch wait, no silently dropped fetch,
-and a cheaper hand-over of each fetched record to the streams.
+"""Faust's aiokafka transport with four changes: a configurable fetch wait, no silently dropped fetch,
+a cheaper hand-over of each fetched record to the streams, and no ack of a record no stream tracked
+(`_Consumer.ack`, README "Faust behaviour worth knowing").
 
 1. faust-streaming 0.15.3 hard-codes `fetch_max_wait_ms=1500` for the worker's consumer. A fetch that
    finds no data waits that long, and on brokers that hold fetches (Tansu holds each one for about

@@ -1,4 +1,4 @@
-"""HTTP on the worker's web port: /metrics, /healthz and read-only query views over the tables.
+"""HTTP on the worker's web port: /metrics, /healthz, /readyz and read-only query views over the tables.
 
 Each view is routed to the worker that owns the key (Faust's router), so any worker can be asked.
 Claims are re-scored at the wall clock in the view (DESIGN 4); traces and agents are read as stored.

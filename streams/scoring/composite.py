@@ -24,7 +24,6 @@ __all__ = [
     "CompositeLevel",
     "CompositeResult",
     "code_validation_score",
-    "composite_from_factors",
     "history_score",
     "knowledge_base_score",
     "response_certainty_score",
@@ -63,7 +62,6 @@ class CompositeConfig:
     )
     default_threshold: float = 0.75
     kb_relevance_threshold: float = 0.7
-    history_window: timedelta = timedelta(hours=24)
 
     def threshold_for(self, agent_type: str) -> float:
         """The agent type's threshold, or the default for other types."""
@@ -146,12 +144,6 @@ def _level(score: float) -> CompositeLevel:
     if s >= 0.50:
         return "LOW"
     return "VERY_LOW"
-
-
-def composite_from_factors(factors: Mapping[str, float], cfg: CompositeConfig) -> float:
-    """Weighted mean of the present factors, weights renormalised over them."""
-    total = sum(cfg.weights[name] for name in factors)
-    return sum(score * cfg.weights[name] for name, score in factors.items()) / total if total else 0.0
 
 
 def _percent_cut(score: float) -> str:

@@ -3,7 +3,7 @@
 Choices where the contract is silent:
 - the heuristic conflict detector flags a contradiction when two statements share at least two content
   words (stop and negation words ignored) and exactly one of them is negated (not, never, no, n't,
-  cannot, none, without); its severity is `heuristic_conflict_severity` (0.6, above the 0.5 threshold);
+  cannot, none, without, nothing, neither, nor: `NEGATIONS`); its severity is `heuristic_conflict_severity` (0.6, above the 0.5 threshold);
 - an explicit and a heuristic hit on one pair are one conflict at the higher severity (explicit wins ties);
 - the excluded-sources warning counts the excluded sources (DESIGN 4: the seed's check never fires).
 """

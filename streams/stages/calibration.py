@@ -84,8 +84,9 @@ def hour_key(group: GroupCalibration, hour: int) -> bytes:
 def calibration_records(settings: Settings, outputs: Outputs) -> list[Record]:
     """The batch's queued calibration items as one record per (tenant, upstream source), in order.
 
-    One record per tenant and batch instead of one per score: under load that is a few records per
-    batch rather than one more per output, and the order within a tenant is kept.
+    One record per tenant, upstream source and batch (more past PRODUCER_MAX_BATCH_BYTES) instead of
+    one per score: under load that is a few records per batch rather than one more per output, and
+    the order within a tenant and source is kept.
     """
     grouped: dict[tuple[str, int], list[CalibrationItem]] = {}
     for tenant, source, item in outputs.calibration:

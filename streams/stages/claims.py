@@ -271,7 +271,8 @@ class ClaimStage:
 
     def expired(self, key: bytes, node: claim_graph.ClaimNode) -> bool:
         """Claims (and stubs) live `claim_ttl_days` of event time after their last update, measured
-        against their tenant's partition's newest claim event time."""
+        against their claims partition's watermark: the oldest newest claim event time of the input
+        partitions still feeding it (`ExpiryClock.passed`)."""
         after = self.sweep_after(key, node)
         return after is not None and self.clock.passed(*after)
 

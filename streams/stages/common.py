@@ -78,7 +78,8 @@ class ExpiryClock:
 
     One clock per partition, not per worker: partitions are consumed unevenly (one may be far behind
     another), and a worker-wide newest time swept state that its own partition was still using. A
-    partition fed by several upstream partitions (the claims and calibration topics) keeps the newest
+    partition fed by several upstream partitions (the responses, claims and calibration topics, and
+    stage 1's with several input topics) keeps the newest
     time per upstream `source` and reads the *oldest* of those (a watermark), so a lagging upstream
     partition's state is not swept because another one ran ahead. An event time more than `max_ahead`
     past the wall clock moves the clock only to that bound, so one future-dated event cannot expire a

@@ -406,7 +406,8 @@ class TraceStage:
         return self.clock.latest_of(partition, self._topic_source.get(topic, 0))
 
     def expired(self, state: TraceState) -> bool:
-        """Idle longer than the trace TTL, measured against its partition's newest event time."""
+        """Idle longer than the trace TTL, measured against its partition's newest event time (with
+        several input topics, the oldest of those topics' newest: `ExpiryClock.passed`)."""
         return self.clock.passed(*self.sweep_after(b"", state))
 
     def sweep_after(self, key: bytes, state: TraceState) -> tuple[int, datetime]:

@@ -13,7 +13,6 @@ from streams.scoring.composite import (
     CodeValidation,
     CompositeConfig,
     code_validation_score,
-    composite_from_factors,
     history_score,
     knowledge_base_score,
     response_certainty_score,
@@ -65,13 +64,19 @@ def test_response_certainty(text: str, expected: float) -> None:
 
 
 def test_composite_seed_example() -> None:
-    factors = {
-        "knowledge_base": 1.0,
-        "code_validation": 0.85,
-        "response_certainty": 0.7,
-        "agent_history": 0.9,
-    }
-    assert composite_from_factors(factors, CFG) == pytest.approx(0.875)
+    """Seed 004's example: factors 1.0, 0.85, 0.7 and 0.9 give 0.875."""
+    result = score_composite(
+        "planner",
+        [0.95, 0.9],  # 0.95 + 2 x 0.05, capped at 1.0
+        CodeValidation(code_exists=True, syntax_valid=True, type_valid=True, tests_exist=True),  # 0.85
+        "definitely confirmed",  # 0.5 + 2 x 0.1
+        0.9,
+        CFG,
+    )
+    assert result.factors == pytest.approx(
+        {"knowledge_base": 1.0, "code_validation": 0.85, "response_certainty": 0.7, "agent_history": 0.9}
+    )
+    assert result.score == pytest.approx(0.875)
 
 
 def test_history_window_and_default() -> None:
