@@ -8,13 +8,15 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from streams.app import SourcePartitionedTable
 from streams.scoring.claim_graph import ClaimNode, NeighbourFacts, neighbour_facts
 from streams.scoring.claims import ClaimsConfig
+
+if TYPE_CHECKING:  # streams.app imports the stages, which import this module
+    from streams.app import SourcePartitionedTable
 
 __all__ = ["ClaimFacts", "DecodedStates", "SweepAfter", "UndecodableState", "decode_stored"]
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from streams.config import ScoringConfigs, Settings
 from streams.decode import decode
+from streams.decoded_states import UndecodableState
 from streams.dlq import DeadLetter
 from streams.events import (
     ClaimEvent,
@@ -258,9 +259,14 @@ class TraceStage:
     @staticmethod
     def _agent_of_response(event: OutcomeEvent, batch: _Batch) -> str | None:
         """The agent of the response an outcome judges, if the outcome's trace applied it (the only
-        outcomes that read trace state: a claim's or a trace's route needs none)."""
+        outcomes that read trace state: a claim's or a trace's route needs none). A trace state this
+        version cannot read gives no route: the outcome needs none of it, so it goes straight rather
+        than to the dead-letter topic."""
         key = table_key(event.tenant_id, event.trace_id)
-        state = batch.dirty.get(key) or batch.load(key)
+        try:
+            state = batch.dirty.get(key) or batch.load(key)
+        except UndecodableState:
+            return None
         return None if state is None else state.response_agents.get(event.subject_id)
 
     # --- LLM_RESPONSE -> (SYNTHESIS_SCORED) + forward to the agent stage ---------------------------------
@@ -268,10 +274,9 @@ class TraceStage:
     def _response(
         self, state: TraceState, event: LlmResponse, record: InputRecord, out: Outputs
     ) -> tuple[StateChanges, list[dict[str, object]]]:
-        changes: StateChanges = {
-            "response_times": {**state.response_times, event.event_id: event.timestamp},
-            "response_agents": {**state.response_agents, event.event_id: event.agent_name},
-        }
+        changes: StateChanges = {"response_times": {**state.response_times, event.event_id: event.timestamp}}
+        if self.settings.calibration_enabled:  # the route of an OUTCOME judging it; dropped when off
+            changes["response_agents"] = {**state.response_agents, event.event_id: event.agent_name}
         produced: list[dict[str, object]] = []
         pending = self._pending(event, record)
         if event.role == "sub_call":

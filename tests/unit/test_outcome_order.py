@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from streams import metrics
 from streams.config import load_settings, scoring_configs
+from streams.decoded_states import UndecodableState
 from streams.scoring.claim_graph import ClaimNode
 from streams.stages import AgentStage, CalibrationStage, InputRecord, Record, TraceStage
 from streams.stages.calibration import Table, group_key, subject_key
@@ -292,6 +293,51 @@ def test_an_outcome_for_a_response_its_trace_does_not_know_still_goes_straight_t
     w.stage_4()
     entry = w.calibration_tables[subject_key("t", "response", "r")]
     assert isinstance(entry, SubjectEntry) and entry.applied == ("o-r",)
+
+
+def _response_outcome(trace: str = "tr") -> dict[str, Any]:
+    return {
+        "event_id": "o-r",
+        "event_type": "OUTCOME",
+        "timestamp": "2026-11-22T10:05:00Z",
+        "tenant_id": "t",
+        "trace_id": trace,
+        "schema_version": 1,
+        "subject_event_id": "r",
+        "correct": True,
+        "source": "human",
+    }
+
+
+def test_an_outcome_whose_trace_state_cannot_be_read_goes_straight_not_to_the_dead_letter_topic() -> None:
+    """The outcome needs nothing of its trace's state but the route: a stored trace this version cannot
+    read gives no route, as an unknown response does (the routes review: it was dead-lettered, lost)."""
+    w = _Worker()
+    w.stage_1([_response("r", 0, "a", "tr")])
+
+    def unreadable(key: bytes) -> TraceState | None:
+        raise UndecodableState("a stored value of table traces is not a valid TraceState")
+
+    record = InputRecord("agent-events", 0, 99, 1.0, orjson.dumps(_response_outcome()))
+    records, states = w.trace.process([record], unreadable)
+    assert states == {}
+    w._route(records)  # asserts that nothing went to the dead-letter topic
+    w.stage_2()
+    w.stage_4()
+    entry = w.calibration_tables[subject_key("t", "response", "r")]
+    assert isinstance(entry, SubjectEntry) and entry.applied == ("o-r",)
+
+
+def test_with_calibration_off_a_trace_keeps_no_route_for_outcomes_it_drops() -> None:
+    """`response_agents` exists for OUTCOMEs; with calibration off stage 1 drops every OUTCOME, so a
+    response adds nothing to it (the routes review: 55 B per response with UUID ids and a short agent
+    name, 298 B with a 256-character one, against TRACE_STATE_MAX_BYTES)."""
+    off = load_settings(calibration_enabled=False)
+    stage = TraceStage(off, scoring_configs(off), metrics.create(CollectorRegistry()))
+    record = InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(_response("r", 0, "a", "tr")))
+    _, states = stage.process([record], lambda key: None)
+    (state,) = states.values()
+    assert state.response_agents == {} and list(state.response_times) == ["r"]
 
 
 @pytest.mark.parametrize("subject", ["claim", "response"])
