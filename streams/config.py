@@ -7,6 +7,7 @@ process at start-up with pydantic's message naming the variable.
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +31,12 @@ __all__ = ["ScoringConfigs", "Settings", "configured_bootstrap_servers", "load_s
 # ("never expire") or 1e9 hours overflowed a datetime on the first write and stopped the worker on
 # every restart. A century is beyond any retention and still leaves the year 9999 out of reach.
 SPAN_MAX_HOURS = 100 * 8766
+# An agent's history summary and a calibration group list every hour of their span with data, and each
+# is one changelog record: an hour takes at most 63 bytes in the first (`HourCounts`, counts under ten
+# million an hour) and 9 in the second (an epoch hour). Past MAX_RECORD_BYTES the broker refuses the
+# record and the worker stops on it after every restart. The names and keys get the rest of a record.
+SUMMARY_HOUR_BYTES = {"HISTORY_RETENTION_HOURS": 63, "CALIBRATION_WINDOW_HOURS": 9}
+SUMMARY_OTHER_BYTES = 4096
 
 
 class Settings(BaseSettings):
@@ -385,6 +392,21 @@ class Settings(BaseSettings):
         # A shorter retention silently shortens seed 004's history window to it.
         if self.history_retention_hours < self.history_window_hours:
             raise ValueError("HISTORY_RETENTION_HOURS must be at least HISTORY_WINDOW_HOURS")
+        return self
+
+    @model_validator(mode="after")
+    def _summaries_fit_one_record(self) -> Settings:
+        spans = {
+            "HISTORY_RETENTION_HOURS": self.history_retention_hours,
+            "CALIBRATION_WINDOW_HOURS": self.calibration_window_hours,
+        }
+        for name, hours in spans.items():
+            fits = (self.max_record_bytes - SUMMARY_OTHER_BYTES) // SUMMARY_HOUR_BYTES[name] - 1
+            if math.ceil(hours) > fits:
+                raise ValueError(
+                    f"{name} must be at most {fits} with MAX_RECORD_BYTES={self.max_record_bytes}: "
+                    "each hour of it takes a place in one changelog record"
+                )
         return self
 
     @property

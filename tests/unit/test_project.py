@@ -10,19 +10,19 @@ import shlex
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from streams import metrics, schemas
 from streams.cli import main
 from streams.config import SPAN_MAX_HOURS, Settings, load_settings, scoring_configs
 from streams.events import TIMESTAMP_YEARS
 from streams.stages import TraceStage
-from streams.state import TraceState
+from streams.state import AgentHistory, GroupCalibration, HourCounts, TraceState
 from tests.unit.test_history_stage import Responses
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -73,9 +73,51 @@ FLOAT_SETTINGS = sorted(name for name, field in Settings.model_fields.items() if
 SPAN_SETTINGS = sorted(name for name in FLOAT_SETTINGS if name.endswith(("_hours", "_days", "_minutes")))
 
 
+# Records large enough for a century of hours in an agent's history summary and a calibration group
+# (`_summaries_fit_one_record`), so that the span bounds are tested alone.
+HUGE_RECORDS = 60_000_000
+
+
 def _longest(name: str) -> float:
     """SPAN_MAX_HOURS in the span setting's own unit."""
     return SPAN_MAX_HOURS / {"hours": 1, "days": 24, "minutes": 1 / 60}[name.rsplit("_", 1)[1]]
+
+
+@pytest.mark.parametrize(
+    ("name", "per_hour"), [("history_retention_hours", 63), ("calibration_window_hours", 9)]
+)
+def test_an_hourly_summary_at_its_longest_span_fits_one_record(name: str, per_hour: int) -> None:
+    """An agent's history summary lists every hour of HISTORY_RETENTION_HOURS with responses, and a
+    calibration group every hour of CALIBRATION_WINDOW_HOURS with outcomes, each in one changelog
+    record. The settings review: a retention of 24,100 h made a 1,080,121-byte summary (nothing
+    refused), over Kafka's record limit, so the worker would stop on it after every restart. The
+    longest span accepted fills a record that still fits; one hour more is refused at start."""
+    limit = 1_040_000
+    fits = (limit - 4096) // per_hour - 1
+    settings = load_settings(max_record_bytes=limit, **{name: fits})
+    first = 61_000_000  # epoch hours in the year 8928: the widest hour numbers
+    hours = range(first, first + fits + 1)
+    if name == "history_retention_hours":
+        summary: BaseModel = AgentHistory(
+            tenant_id="t",
+            agent_name="a",
+            agent_type="planner",
+            newest=datetime(8928, 1, 1, tzinfo=UTC),
+            hours=tuple(HourCounts(hour=h, total=9_999_999, met=9_999_999, chunks=99_999) for h in hours),
+        )
+    else:
+        summary = GroupCalibration(
+            tenant_id="t",
+            dimension="model",
+            value="m",
+            kind="response",
+            newest=datetime(8928, 1, 1, tzinfo=UTC),
+            hours=tuple(hours),
+        )
+    assert len(summary.model_dump_json()) <= settings.max_record_bytes
+    with pytest.raises(ValidationError) as err:
+        load_settings(max_record_bytes=limit, **{name: fits + 1})
+    assert name.upper() in str(err.value)
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
@@ -93,6 +135,7 @@ def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch, name
 def test_event_time_spans_are_bounded_to_a_century(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     longest = _longest(name)
     monkeypatch.setenv("HISTORY_RETENTION_HOURS", str(SPAN_MAX_HOURS))  # at least the history window
+    monkeypatch.setenv("MAX_RECORD_BYTES", str(HUGE_RECORDS))  # a century of hours in one summary
     monkeypatch.setenv(name.upper(), str(longest))
     assert getattr(load_settings(), name) == longest
     monkeypatch.setenv(name.upper(), str(longest * 1.01))
@@ -103,7 +146,9 @@ def test_event_time_spans_are_bounded_to_a_century(monkeypatch: pytest.MonkeyPat
 def test_the_longest_spans_work_on_the_extreme_event_times() -> None:
     """With every span at its longest, a trace's expiry and an agent's retention on events of the years
     1900 and 8999 compute (the worker stopped on `inf`: datetime overflow)."""
-    settings = load_settings(**{name: _longest(name) for name in SPAN_SETTINGS})
+    settings = load_settings(
+        max_record_bytes=HUGE_RECORDS, **{name: _longest(name) for name in SPAN_SETTINGS}
+    )
     most = timedelta(hours=23, minutes=59)  # the largest offset RFC 3339 and datetime both allow
     earliest = datetime(TIMESTAMP_YEARS[0], 1, 1, tzinfo=timezone(most))
     latest = datetime(TIMESTAMP_YEARS[1], 12, 31, 23, 59, 59, tzinfo=timezone(-most))
