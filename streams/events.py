@@ -62,9 +62,10 @@ __all__ = [
 # The scores calibration follows: response confidence, composite, trace evidence, claim midpoint.
 ScoreKind = Literal["response", "composite", "evidence", "claim"]
 UnitFloat = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-# RFC 3339 date-time; a missing zone is left to AwareDatetime, which reports it as such.
+# RFC 3339 date-time; a missing zone is left to AwareDatetime, which reports it as such. An offset's
+# minutes are 00-59: `fromisoformat` reads "+05:60" as +06:00, an hour off what was written.
 _RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:(?P<second>\d{2})(?P<fraction>\.\d+)?([Zz]|[+-]\d{2}:\d{2})?",
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:(?P<second>\d{2})(?P<fraction>\.\d+)?([Zz]|[+-]\d{2}:[0-5]\d)?",
     re.ASCII,
 )
 

@@ -106,6 +106,9 @@ def test_an_integer_written_with_a_zero_fraction_is_that_integer(
         ("2026-11-22T12:60:00Z", False),
         ("2026-11-22T12:00:00+24:00", False),
         ("2026-11-22T12:00:00+23:60", False),
+        # Read as +06:00 and +01:00 before (an hour off what was written); the schema refused them.
+        ("2026-11-22T12:00:00+05:60", False),
+        ("2026-11-22T12:00:00+00:60", False),
         ("2026-11-22T23:59:60Z", True),  # RFC 3339's leap second
         ("2026-11-22T12:00:00-23:59", True),
     ],
