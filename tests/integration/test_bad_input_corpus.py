@@ -185,6 +185,8 @@ def build_corpus(f: EventFactory) -> list[Bad]:
     c.add("timestamp is a numeric string", "wrong_type", c.event(timestamp=f"-0.1{OTHER_MARKER}"))
     c.add("timestamp is epoch seconds", "wrong_type", c.event("claim", timestamp="1700000000"))
     c.add("timestamp is a date", "wrong_type", c.event("tool", timestamp="2026-11-22"))
+    # Read as +06:00 before the thirty-second round: an hour off what was written; the schema refuses it.
+    c.add("offset minute 60", "wrong_type", c.event("tool", timestamp="2026-11-22T12:00:00+05:60"))
     c.add(
         "token_logprobs is NaN",
         "wrong_type",
@@ -328,11 +330,15 @@ def build_valid(f: EventFactory) -> list[bytes | dict[str, Any]]:
         leap,
         # JSON Schema's integers include 3.0 and 1.0 (Python's json writes floats so): the integers 3 and 1.
         f.tool("tr-v-8", "find", "Widget", minutes=14, result_count=3.0, schema_version=1.0),
+        # Ids may hold U+001F, which output ids join their parts with: these two CLAIM_SCOREDs shared
+        # one event id before the thirty-second round (counted once below).
+        f.claim("tr-v-9", "c-sep", minutes=15, event_id=f"{f.run}-x", tenant_id="t\x1fu"),
+        f.claim("tr-v-9", "c-sep", minutes=15, event_id=f"{f.run}-x\x1ft", tenant_id="u"),
     ]
 
 
 # Outputs the valid events above must produce (each RESPONSE_SCORED once, c-2 re-scores c-1, ...).
-EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 5, "CLAIM_SCORED": 4, "SYNTHESIS_SCORED": 1}
+EXPECTED = {"RESPONSE_SCORED": 8, "TRACE_SCORED": 5, "CLAIM_SCORED": 6, "SYNTHESIS_SCORED": 1}
 
 
 def _encode(event: bytes | dict[str, Any]) -> tuple[bytes, bytes]:
