@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import itertools
 import logging
 import os
@@ -19,13 +20,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Literal
 
+from aiokafka.errors import KafkaConnectionError
+
 from streams.config import configured_bootstrap_servers
+from streams.kafka_io import dies_with_parent
 
 __all__ = [
     "TANSU_SHA256",
@@ -224,7 +229,34 @@ def _start_tansu(binary: str, port: int, logfile: IO[bytes]) -> subprocess.Popen
         stdout=logfile,
         stderr=subprocess.STDOUT,
         env={**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")},
+        preexec_fn=dies_with_parent(),  # one prctl call in the child
     )
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on loopback `port` (Linux's /proc). Tansu exits
+    when its port is taken, but only after a moment: a broker of another harness on that port (two test
+    processes, each with its own) answered the probe first and was taken for this one."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in itertools.islice(rows, 1, None):  # local address, ..., state, ..., inode
+                fields = row.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # it exited meanwhile
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
 
 
 @contextlib.contextmanager
@@ -240,24 +272,24 @@ def _tansu() -> Iterator[RunningBroker]:
             process = _start_tansu(binary, port, logfile)
             try:
                 wait_for_kafka(bootstrap, started=process)
+                if sys.platform == "linux" and not _listens(process.pid, port):
+                    raise RuntimeError("another broker answers on its port")
                 break
-            except RuntimeError as exc:  # it exited; a timeout (TimeoutError) is not tried again
+            except RuntimeError as exc:  # it exited or lost its port; a timeout is not tried again
+                _stop(process)
                 if attempt == TANSU_START_ATTEMPTS:
                     raise RuntimeError(
                         f"embedded Tansu on {bootstrap}: {exc} ({attempt} attempts); its log: {logfile.name}"
                     ) from None
                 log.warning("embedded Tansu on %s: %s; starting it on another port", bootstrap, exc)
+            except TimeoutError as exc:
+                raise TimeoutError(f"embedded Tansu: {exc}; its log: {logfile.name}") from None
         log.info("broker: embedded Tansu (%s) on %s, log %s", binary, bootstrap, logfile.name)
         yield RunningBroker("tansu", bootstrap, process)
         failed = False
     finally:
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            _stop(process)
         logfile.close()
         if not failed:  # kept when something failed, for its warnings; else one more file in /tmp
             with contextlib.suppress(OSError):
@@ -302,13 +334,17 @@ def broker() -> Iterator[RunningBroker]:
     """Yield a running broker chosen by DESIGN section 7's order; stop whatever was started."""
     configured = configured_bootstrap_servers()
     if configured:
-        wait_for_kafka(configured)
+        try:
+            wait_for_kafka(configured)
+        except TimeoutError as exc:  # the command line's one line for an unreachable broker
+            raise KafkaConnectionError(str(exc)) from None
         log.info("broker: KAFKA_BOOTSTRAP_SERVERS=%s (used as it is)", configured)
         yield RunningBroker("external", configured)
-    elif docker_available():
+    elif docker_available() and importlib.util.find_spec("testcontainers") is not None:
         with _docker_kafka() as running:
             yield running
     else:
-        log.info("broker: no Docker engine answers; starting the embedded Tansu broker")
+        why = "no Docker engine answers" if not docker_available() else "testcontainers is not installed"
+        log.info("broker: %s; starting the embedded Tansu broker", why)
         with _tansu() as running:
             yield running

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -90,6 +92,27 @@ async def collect(
     return records
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def dies_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that has Linux send the child SIGTERM when this process dies, also by SIGKILL
+    (a CI runner's, pytest-timeout's), so a broker or worker it started is not left running (its
+    `finally` never runs then). None elsewhere, and off the main thread: the signal follows the
+    thread that started the child, and a helper thread's end would stop it."""
+    if _LIBC is None or threading.current_thread() is not threading.main_thread():
+        return None
+    libc, parent = _LIBC, os.getpid()
+
+    def in_child() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the prctl: no signal will come
+            os._exit(1)
+
+    return in_child
+
+
 class WorkerProcess:
     """A `confidence-streams worker` subprocess with its own environment; stopped with SIGTERM."""
 
@@ -105,6 +128,7 @@ class WorkerProcess:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_parent(),  # one prctl call in the child
         )
         return self
 

