@@ -63,6 +63,7 @@ from bench.passthrough import FAUST_FETCH_MAX_WAIT_MS
 from streams.config import Settings, load_settings
 from streams.demo_runner import worker_env
 from streams.harness import RunningBroker, broker, free_port
+from streams.kafka_io import dies_with_parent
 from streams.topics import create_topics
 
 __all__ = ["main"]
@@ -140,7 +141,9 @@ class Proc:
 
     def start(self) -> Proc:
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent()
+            )
         return self
 
     @property
