@@ -228,8 +228,12 @@ class InputAlignment:
             # Debug, not info: a saturated worker holds about once a second (the counter shows it).
             log.debug("input held back: more than %d internal records unread", self.backlog.high)
         elif not holding and self._held_since is not None:
-            held_for = now - self._held_since
-            self._delivered_at = {p: moment + held_for for p, moment in self._delivered_at.items()}
+            # Each partition is given back the part of the hold it spent idle: all of it, or what
+            # followed its delivery during the hold (a batch already in the stream when it began).
+            since = self._held_since
+            self._delivered_at = {
+                p: moment + now - max(moment, since) for p, moment in self._delivered_at.items()
+            }
             self._held_since = None
         return holding
 

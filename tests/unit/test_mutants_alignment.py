@@ -77,3 +77,29 @@ def test_a_partition_resumed_once_is_not_resumed_again() -> None:
     s.consumer.pause_partitions({TP("in", 0)})  # paused by someone else (not alignment)
     s.alignment.check(s.app)
     assert s.paused() == {0}
+
+
+def test_a_partition_that_delivered_during_a_hold_is_given_back_only_the_rest_of_it() -> None:
+    """The mutation review: when the backlog hold ended, every partition's last delivery moved forward
+    by the whole hold, also for p1, which delivered (a batch already in stage 1's stream) 1.5 s before
+    the end of a 30 s hold. p1 then counted as delivering for 30 s more, and p0 stayed paused behind it
+    until then; p1 is idle 2 s (`idle_seconds`) after the hold, as after any delivery."""
+    s = Setup([0, 1], backlog_high=100)
+    s.batch(p0=T0 + 10 * HOUR, p1=T0)
+    assert s.paused() == {0}
+    s.unread(0, 500)
+    for _ in range(28):
+        s.now += 1
+        s.alignment.check(s.app)
+    s.now += 0.5
+    s.batch(p1=T0 + HOUR / 60)  # delivered while held (a later event time: a delivery)
+    s.now += 1.5
+    s.unread(0, 0)
+    s.alignment.check(s.app)
+    assert s.paused() == {0}  # p1 delivered 1.5 s ago: it still holds p0 back
+    s.now += 1.0
+    s.alignment.check(s.app)
+    assert s.paused() == {0}  # 2.5 s since its delivery, 1 s of it after the hold
+    s.now += 1.5
+    s.alignment.check(s.app)
+    assert s.paused() == set()  # p1 idle for 2.5 s after the hold: p0 goes on
