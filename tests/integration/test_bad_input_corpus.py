@@ -23,7 +23,7 @@ from streams.harness import RunningBroker
 from streams.kafka_io import Consumed, collect, produce
 from streams.stages.common import is_flagged
 from tests.integration.fixtures import STRONG_COMPOSITE as STRONG
-from tests.integration.fixtures import Deployment, EventFactory, deploy
+from tests.integration.fixtures import Deployment, EventFactory, assigned_partitions, deploy, poll
 
 MAX_EVENT_BYTES = 4096
 MAX_ARRAY_ITEMS = 16
@@ -417,6 +417,10 @@ def test_bad_input_corpus(kafka: RunningBroker) -> None:
         sent: list[tuple[bytes, bytes | None]] = [
             (b"bad", item.raw) if isinstance(item, Bad) else _encode(item) for item in sequence
         ]
+        # The collect budgets below are for processing: start them once both workers are ready (two
+        # worker starts on a loaded host are not part of them; the suite allows 90 s for those).
+        ready = poll(lambda: [assigned_partitions(d.web_ports[0]) for d in (mixed, alone)], all, 90, 0.2)
+        assert all(ready), f"the workers never became ready: {ready}"
         _send(mixed, sent)
         _send(alone, [_encode(v) for v in valid])
 

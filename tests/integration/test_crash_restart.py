@@ -290,9 +290,16 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
     chunks = [events[i : i + 20] for i in range(0, len(events), 20)]
     produced: list[int] = []
     commits: list[int] = []
+    killed = threading.Event()
 
     def producer() -> None:  # producers keep going while the worker dies and comes back
-        for chunk in chunks:
+        for n, chunk in enumerate(chunks):
+            if n == len(chunks) * 3 // 4:
+                # The last quarter only once the worker is killed. The kill usually lands well before
+                # (a quarter of the outputs and a commit), but its condition waits on the worker and
+                # on the commit watcher, the feed on the clock: on a loaded host the whole feed could be
+                # produced and scored first, and "killed mid-stream" below would fail.
+                killed.wait(timeout=120)
             d.produce(chunk)
             produced.append(len(chunk))
             time.sleep(0.4)
@@ -319,6 +326,7 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
         first.process.kill()
         first.process.wait(timeout=10)
         produced_at_kill = sum(produced)
+        killed.set()
         killed_at = time.monotonic()
         before_kill = {o["event_id"] for o in _scored(d, d.collect(_until_settled(d, lambda _: True)))}
         feeding.join(timeout=60)
@@ -330,6 +338,7 @@ def test_sigkill_mid_stream_then_restart_matches_uninterrupted_run(kafka: Runnin
         )
         views = _views(d, events, d.web_ports[1])
     finally:
+        killed.set()  # a failed wait above must not leave the feed waiting
         feeding.join(timeout=60)
         watching.join(timeout=60)
         d.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -412,14 +411,19 @@ def test_metrics_and_health(deployment: Deployment) -> None:
     port = deployment.web_ports[0]
     wait_for_metrics(port)  # the worker may still be starting when this test runs first
 
-    def two_scrapes() -> tuple[dict[str, float], dict[str, float]]:
-        first = _watched(scrape(port))
-        time.sleep(0.3)
-        return first, _watched(scrape(port))
+    # An earlier test's last latency observations follow its outputs' acks (streams/batch_runner.py),
+    # while the other watched series count at processing time, before its outputs could be read. So
+    # start once every output emitted so far has its latency observed: a condition, not a quiet gap.
+    def all_acked(s: Scrape) -> bool:
+        return all(
+            s.value("confidence_processing_latency_seconds_count", event_type=kind)
+            == s.value("confidence_outputs_emitted_total", event_type=kind)
+            for kind in ("RESPONSE_SCORED", "SYNTHESIS_SCORED")
+        )
 
-    # An earlier test's last latency observations follow its outputs' acks: start once they are still.
-    earlier, before = poll(two_scrapes, lambda pair: pair[0] == pair[1])
-    assert earlier == before, "the worker-wide counters never stopped moving"
+    settled_scrape = poll(lambda: scrape(port), all_acked, timeout=30)
+    assert all_acked(settled_scrape), "outputs emitted before this test were never acknowledged"
+    before = _watched(settled_scrape)
     f = EventFactory(tenant="metrics-tenant")
     events = [
         f.response("m-1", token_logprobs=[-0.1]),  # exp(-0.1) -> 0.905: allow
