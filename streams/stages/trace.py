@@ -235,7 +235,7 @@ class TraceStage:
         waiting until the sweep counted it unmatched (a response's, when the clock had passed its wait;
         a response the agent stage dead-letters still makes no score to wait for).
         A response this trace does not know (another trace id, a trace expired, or applied before
-        `response_agents` existed) has no known route: it goes straight, as before.
+        `response_agents` existed or while calibration was off) has no known route: it goes straight, as before.
         """
         if not self.settings.calibration_enabled:
             self.metrics.outcomes.labels("disabled").inc()
