@@ -93,7 +93,8 @@ def _responses(first: datetime = T0, step: timedelta = timedelta(seconds=7)) -> 
             "event_id": str(uuid.uuid4()),
             "timestamp": (first + step * i).isoformat(),
         }
-        out, _ = stage.process([InputRecord("in", 0, i, 1.0, orjson.dumps(event))], lambda k: None)
+        record = InputRecord("in", 0, i, 1.0, orjson.dumps(event), str(event["trace_id"]).encode())
+        out, _ = stage.process([record], lambda k: None)
         forwarded.append(next(r.value for r in out if r.topic == SETTINGS.responses_topic))
     return forwarded
 

@@ -81,8 +81,8 @@ class _Pipeline:
         topic = self.settings.input_topics[0]
         for start in range(0, len(mix.records), BATCH):
             batch = [
-                InputRecord(topic, 0, start + i, time.time(), value)
-                for i, (_, value) in enumerate(mix.records[start : start + BATCH])
+                InputRecord(topic, 0, start + i, time.time(), value, key)
+                for i, (key, value) in enumerate(mix.records[start : start + BATCH])
             ]
             began = time.process_time()
             records, traces = self.trace.process(batch, self.traces.load, self.traces)
@@ -96,6 +96,8 @@ class _Pipeline:
 
     def _send(self, records: list[Record]) -> None:
         for record in bundle(records, self.internal, self.settings.producer_max_batch_bytes):
+            if record.topic == self.settings.dlq_topic:  # the mix is clean: a dead letter is a bug
+                raise RuntimeError(f"the mix dead-lettered an input: {dict(record.headers or [])}")
             if record.topic in self.internal:
                 self.waiting[record.topic].append(
                     InputRecord(record.topic, record.partition or 0, 0, time.time(), record.value)

@@ -68,8 +68,9 @@ def _trace(size: int, stage: TraceStage) -> TraceState:
     )
     evidence = evidence.model_copy(update={"matched": _all_matches(evidence)})  # as `update` keeps it
     # One real TRACE_SCORED output: the template of each earlier input's (its ids and score varied below).
+    first = _tool(0, "read", targets[0])
     out, _ = stage.process(
-        [InputRecord("in", 0, 0, 1.0, orjson.dumps(_tool(0, "read", targets[0])))], lambda _: None
+        [InputRecord("in", 0, 0, 1.0, orjson.dumps(first), str(first["trace_id"]).encode())], lambda _: None
     )
     output = orjson.loads(next(r.value for r in out if r.topic == SETTINGS.scored_topic))
     output.pop("scored_at")
@@ -102,9 +103,8 @@ def _per_input(size: int) -> tuple[float, int]:
     samples = []
     for n in range(MEASURED):
         i = size + n
-        record = InputRecord(
-            "in", 0, i, 1.0, orjson.dumps(_tool(i, ("read", "grep", "git")[n % 3], f"src/new_{i}.py"))
-        )
+        event = _tool(i, ("read", "grep", "git")[n % 3], f"src/new_{i}.py")
+        record = InputRecord("in", 0, i, 1.0, orjson.dumps(event), str(event["trace_id"]).encode())
         began = time.perf_counter_ns()
         _, written = stage.process([record], states.load, states)
         table[key] = states.encode(key, written[key])  # the table write

@@ -43,6 +43,8 @@ __all__ = ["active_partitions", "attach_agents", "owned"]
 
 log = logging.getLogger(__name__)
 
+COMMIT_CHECK_SECONDS = 1.0  # how often the offset-commit watchdog looks
+
 _Result = TypeVar("_Result")  # what a stage's process returns (outputs, table writes)
 
 
@@ -187,6 +189,17 @@ def attach_agents(svc: Service) -> ClaimFacts:
             # still acknowledge what they deliver, with /healthz "ok" meanwhile. Stop as a failed batch
             # does: the sweep's table changes were not sent, and nothing is stored once `fatal` is set.
             stop_worker(svc, f"the expiry sweep failed: {exc!r}")
+
+    @app.timer(interval=COMMIT_CHECK_SECONDS)
+    async def watch_offset_commits() -> None:
+        # An offset commit the broker keeps refusing would leave offsets where they are for ever while
+        # /healthz says "ok", and every input since would be processed again after a restart, which
+        # recreates a missing topic (the topics review: an internal topic deleted under the worker).
+        running_for = app.consumer.commit_running_for()
+        if running_for > settings.send_timeout_seconds:
+            stop_worker(
+                svc, f"an offset commit has not finished in {running_for:.0f} s (SEND_TIMEOUT_SECONDS)"
+            )
 
     def sweep(recovery: Recovery) -> None:
         """Drop traces and claims past their TTL, agents' histories past HISTORY_RETENTION_HOURS and

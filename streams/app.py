@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +22,14 @@ from streams.recovery import SeekThenResumeTableManager
 from streams.stages import AgentStage, CalibrationStage, ClaimStage, TraceStage
 from streams.transport import FetchWaitApp
 
-__all__ = ["AckedTable", "Service", "SourcePartitionedTable", "changelog_topics", "create_app"]
+__all__ = [
+    "AckedTable",
+    "DeadlinedWorker",
+    "Service",
+    "SourcePartitionedTable",
+    "changelog_topics",
+    "create_app",
+]
 
 
 class AckedTable(faust.Table):  # type: ignore[misc]
@@ -258,3 +269,37 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         calibration_stage=CalibrationStage(settings, configs, metrics),
         faults=FaultInjector.parse(settings.fault_injection),
     )
+
+
+class DeadlinedWorker(faust.Worker):  # type: ignore[misc]
+    """Faust's worker, whose graceful stop on SIGTERM or Ctrl-C ends by `shutdown_timeout_seconds`.
+
+    Faust's stop waits for the streams to empty and commits their offsets, and aiokafka retries a
+    commit the broker refuses with a retriable error for ever (an internal topic deleted, the broker
+    gone): the worker hung until SIGKILL, answering 503 "stopping" (the topics review). Past the
+    deadline it exits 70 from a thread, since the event loop may be the thing waiting; nothing
+    unprocessed was acknowledged, so the next worker processes the uncommitted inputs again.
+    """
+
+    shutdown_timeout_seconds = 25.0
+
+    def _schedule_shutdown(self, signum: signal.Signals) -> None:
+        if not self._signal_stop_time:  # the first signal starts the stop, and the deadline
+            deadline = threading.Timer(
+                self.shutdown_timeout_seconds, _stop_overran, (self.shutdown_timeout_seconds,)
+            )
+            deadline.daemon = True
+            deadline.start()
+        super()._schedule_shutdown(signum)
+
+
+def _stop_overran(seconds: float) -> None:
+    from streams.batch_runner import EXIT_BATCH_FAILED
+
+    logging.getLogger(__name__).critical(
+        "the graceful stop did not finish in %.0f s (SHUTDOWN_TIMEOUT_SECONDS): exiting without it; "
+        "inputs not committed are processed again by the next worker",
+        seconds,
+    )
+    logging.shutdown()
+    os._exit(EXIT_BATCH_FAILED)

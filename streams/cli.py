@@ -45,10 +45,8 @@ def _seconds(text: str) -> float:
 
 
 def _worker(_: argparse.Namespace) -> int:
-    from faust import Worker
-
     from streams.agents import attach_agents
-    from streams.app import changelog_topics, create_app
+    from streams.app import DeadlinedWorker, changelog_topics, create_app
     from streams.batch_runner import EXIT_BATCH_FAILED
     from streams.config import load_settings
     from streams.lag import attach_lag_monitor
@@ -69,7 +67,8 @@ def _worker(_: argparse.Namespace) -> int:
     tune_gc(settings.gc_gen0_threshold)
     # Never `-l warn`: Faust then installs its spinner and sets the root logger to DEBUG (DESIGN 10).
     # debug=False: Faust's F_DEBUG would start its blocking detector and console.
-    worker = Worker(svc.app, loglevel=settings.log_level, quiet=True, debug=False)
+    worker = DeadlinedWorker(svc.app, loglevel=settings.log_level, quiet=True, debug=False)
+    worker.shutdown_timeout_seconds = settings.shutdown_timeout_seconds
     try:
         worker.execute_from_commandline()
     except SystemExit:

@@ -245,6 +245,14 @@ class Settings(BaseSettings):
         gt=0,
         description="A batch whose outputs or state writes are not queued and acknowledged in time stops the worker.",
     )
+    shutdown_timeout_seconds: float = Field(
+        25.0,
+        gt=0,
+        le=3600,
+        description="A graceful stop (SIGTERM) not finished in this long ends in exit 70 without it: an "
+        "offset commit the broker keeps refusing would hold it for ever. Uncommitted inputs are "
+        "processed again by the next worker.",
+    )
     fatal_exit_delay_seconds: float = Field(
         3.0,
         ge=0,

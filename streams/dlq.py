@@ -34,6 +34,7 @@ Reason = Literal[
     "claim_node_full",
     "claim_graph_too_complex",
     "oversized_output",
+    "wrong_key",
 ]
 
 # A key is removed with its value when its name mentions logprobs (`_MENTION`: "logprob" in any case,

@@ -1,6 +1,7 @@
 """Faust's aiokafka transport with four changes: a configurable fetch wait, no silently dropped fetch,
 a cheaper hand-over of each fetched record to the streams, and no ack of a record no stream tracked
-(`_Consumer.ack`, README "Faust behaviour worth knowing").
+(`_Consumer.ack`, README "Faust behaviour worth knowing"); and it times each offset commit
+(`commit_running_for`, for the watchdog in streams/agents.py).
 
 1. faust-streaming 0.15.3 hard-codes `fetch_max_wait_ms=1500` for the worker's consumer. A fetch that
    finds no data waits that long, and on brokers that hold fetches (Tansu holds each one for about
@@ -33,6 +34,7 @@ a cheaper hand-over of each fetched record to the streams, and no ack of a recor
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, cast
 
@@ -57,6 +59,21 @@ class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.dropped_partitions: set[TP] = set()  # read and cleared by the recovery
+        self._commit_started: float | None = None
+
+    async def force_commit(self, *args: Any, **kwargs: Any) -> bool:
+        # Timed, because aiokafka retries a commit the broker refuses with a retriable error (the topic
+        # of one of its partitions deleted, say) for ever: offsets stop moving while all looks well.
+        self._commit_started = time.monotonic()
+        try:
+            return bool(await super().force_commit(*args, **kwargs))
+        finally:
+            self._commit_started = None
+
+    def commit_running_for(self) -> float:
+        """Seconds the offset commit in progress has taken so far; 0 when none is in progress."""
+        started = self._commit_started
+        return 0.0 if started is None else time.monotonic() - started
 
     def ack(self, message: Message) -> bool:
         # Faust's pure-Python stream loop acks a record it skipped (the flow stopped, or its generation

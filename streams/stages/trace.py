@@ -66,6 +66,12 @@ class _Batch:
     size_bound: dict[bytes, int] = field(default_factory=dict)  # encoded bytes, at most
 
 
+WRONG_KEY_MESSAGE = (
+    "the record's key is not the event's trace_id as UTF-8: every event of a trace must carry it, so "
+    'that the trace\'s events reach one partition (README "Producing events")'
+)
+
+
 class TraceStage:
     """Stage 1: everything keyed by trace."""
 
@@ -109,6 +115,13 @@ class TraceStage:
         event = decode(record.value, self.settings.max_event_bytes, self.settings.max_array_items)
         if isinstance(event, DeadLetter):
             out.dead_letter(event, record)
+            return
+        if record.key != event.trace_id.encode():
+            # Keyed otherwise (or not at all), a trace's events can land on several partitions, each
+            # owner scoring them against a state without the others': wrong scores, silently.
+            out.dead_letter(
+                DeadLetter(record.value or b"", "wrong_key", "WrongKey", WRONG_KEY_MESSAGE), record
+            )
             return
         # Counted with the batch: an input dead-lettered later (trace_state_full, a scorer error) is not.
         out.meter(self.metrics.child(self.metrics.events_processed, event.event_type).inc)

@@ -185,6 +185,10 @@ def build_corpus(f: EventFactory) -> list[Bad]:
     c.add("timestamp is a numeric string", "wrong_type", c.event(timestamp=f"-0.1{OTHER_MARKER}"))
     c.add("timestamp is epoch seconds", "wrong_type", c.event("claim", timestamp="1700000000"))
     c.add("timestamp is a date", "wrong_type", c.event("tool", timestamp="2026-11-22"))
+    # Valid events, but keyed "bad", not by their trace_id: before the thirty-second round they were
+    # scored on whichever partition the key chose, against a trace state without the trace's others.
+    c.add("valid response keyed by another trace", "wrong_key", c.event())
+    c.add("valid claim keyed by another trace", "wrong_key", c.event("claim"))
     # Read as +06:00 before the thirty-second round: an hour off what was written; the schema refuses it.
     c.add("offset minute 60", "wrong_type", c.event("tool", timestamp="2026-11-22T12:00:00+05:60"))
     c.add(

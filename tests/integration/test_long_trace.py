@@ -132,7 +132,7 @@ def _accepted_offline(d: Any, events: list[dict[str, Any]]) -> set[str]:
     stage = TraceStage(d.settings, scoring_configs(d.settings), metrics.create(CollectorRegistry()))
     table: dict[Any, Any] = {}
     for offset, event in enumerate(events):
-        record = InputRecord("in", 0, offset, 1.0, orjson.dumps(event))
+        record = InputRecord("in", 0, offset, 1.0, orjson.dumps(event), str(event["trace_id"]).encode())
         table.update(stage.process([record], table.get)[1])
     return {event_id for state in table.values() for event_id in [*state.remembered, *state.archived_in]}
 

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
 
-from streams.stages import Record
+from streams.stages import InputRecord, Record
 
 
 def scored(records: list[Record]) -> list[dict[str, Any]]:
@@ -63,3 +64,13 @@ def check_batching_changes_nothing(
     assert one_by_one.table == batched.table
     assert max(one_by_one.largest_write, batched.largest_write) <= limit
     assert Counter(why for _, why in dead(alone)) <= Counter({reason: len(events)})
+
+
+def keyed(record: InputRecord) -> InputRecord:
+    """`record` keyed as producers key input events: by the event's trace_id (stage 1 dead-letters
+    any other key, `wrong_key`). Left as it is when its value has no trace_id to key it by."""
+    try:
+        trace_id = orjson.loads(record.value or b"").get("trace_id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return record
+    return dataclasses.replace(record, key=trace_id.encode()) if isinstance(trace_id, str) else record

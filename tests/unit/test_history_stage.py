@@ -37,6 +37,7 @@ from streams.state import (
     encode_history_hour,
     table_key,
 )
+from tests.unit.stage_records import keyed
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 EXAMPLE = orjson.loads((Path(__file__).parents[2] / "schemas/examples/LLM_RESPONSE.json").read_bytes())
@@ -107,7 +108,7 @@ class Responses:
         self.offset += 1
         traces = self.traces
         out, written = self.trace_stage.process(
-            [InputRecord("in", 0, self.offset, 1.0, orjson.dumps(event))],
+            [keyed(InputRecord("in", 0, self.offset, 1.0, orjson.dumps(event)))],
             (lambda k: None) if traces is None else traces.get,
         )
         if traces is not None:

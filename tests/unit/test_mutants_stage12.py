@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from streams.scoring.evidence import EvidenceConfig, EvidenceState, Invocation, score, update
+from tests.unit.stage_records import keyed
 
 CFG = EvidenceConfig()
 
@@ -149,7 +150,7 @@ def test_the_forwarded_response_carries_no_raw_logprobs() -> None:
         "schema_version": 1, "request_id": "q", "model": "m", "endpoint": "e", "response": "ok",
         "token_logprobs": [-0.123456789, -0.5],
     }  # fmt: skip
-    records, _ = stage.process([InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(event))], {}.get)
+    records, _ = stage.process([keyed(InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(event)))], {}.get)
     (forwarded,) = [r for r in records if r.topic == settings.responses_topic]
     pending = orjson.loads(forwarded.value)
     assert pending["event"]["token_logprobs"] is None and pending["logprobs_present"] is True
@@ -188,7 +189,7 @@ class _Stage1:
             "request_id": "q", "model": "m", "endpoint": "e", "response": "Done.", **fields,
         }  # fmt: skip
         self.offset += 1
-        record = InputRecord("agent-events", 0, self.offset, 1.0, orjson.dumps(event))
+        record = keyed(InputRecord("agent-events", 0, self.offset, 1.0, orjson.dumps(event)))
         records, states = self.stage.process([record], self.traces.get)
         self.traces.update(states)
         sent: dict[str, list[dict[str, Any]]] = {}

@@ -28,6 +28,7 @@ from streams.stages.claims import ClaimStage
 from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite
 from streams.state import AgentHistory, GroupCalibration, HistoryHour, SubjectEntry, TraceState
+from tests.unit.stage_records import keyed
 
 COMMON = {"tenant_id": "t", "trace_id": "tr", "agent_name": "a", "agent_type": "planner", "schema_version": 1}
 
@@ -93,7 +94,7 @@ class _Worker:
     def stage_1(self, events: list[dict[str, Any]]) -> None:
         batch = []
         for event in events:
-            batch.append(InputRecord("agent-events", 0, self.offset, 1.0, orjson.dumps(event)))
+            batch.append(keyed(InputRecord("agent-events", 0, self.offset, 1.0, orjson.dumps(event))))
             self.offset += 1
         records, states = self.trace.process(batch, self.traces.get)
         self.traces.update(states)
@@ -318,7 +319,7 @@ def test_an_outcome_whose_trace_state_cannot_be_read_goes_straight_not_to_the_de
     def unreadable(key: bytes) -> TraceState | None:
         raise UndecodableState("a stored value of table traces is not a valid TraceState")
 
-    record = InputRecord("agent-events", 0, 99, 1.0, orjson.dumps(_response_outcome()))
+    record = keyed(InputRecord("agent-events", 0, 99, 1.0, orjson.dumps(_response_outcome())))
     records, states = w.trace.process([record], unreadable)
     assert states == {}
     w._route(records)  # asserts that nothing went to the dead-letter topic
@@ -334,7 +335,7 @@ def test_with_calibration_off_a_trace_keeps_no_route_for_outcomes_it_drops() -> 
     name, 298 B with a 256-character one, against TRACE_STATE_MAX_BYTES)."""
     off = load_settings(calibration_enabled=False)
     stage = TraceStage(off, scoring_configs(off), metrics.create(CollectorRegistry()))
-    record = InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(_response("r", 0, "a", "tr")))
+    record = keyed(InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(_response("r", 0, "a", "tr"))))
     _, states = stage.process([record], lambda key: None)
     (state,) = states.values()
     assert state.response_agents == {} and list(state.response_times) == ["r"]

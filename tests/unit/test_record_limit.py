@@ -31,6 +31,7 @@ from streams.stages import AgentStage, CalibrationStage, ClaimStage, InputRecord
 from streams.stages.common import Outputs, _cached_key_partition, bundle, key_partition, unbundle
 from streams.state import HistoryHour, TraceState, table_key
 from tests.unit import stage_records
+from tests.unit.stage_records import keyed
 
 KAFKA_DEFAULT_LIMIT = 1_048_588 - 61 - 64  # the batch header, and a record's own framing (generous)
 SETTINGS = load_settings()
@@ -129,7 +130,7 @@ def _all_records(inputs: list[bytes]) -> list[Record]:
             r, lambda _table, _key: None
         ),
     }
-    batch = [InputRecord("agent-events", 0, i, 1.0, value) for i, value in enumerate(inputs)]
+    batch = [keyed(InputRecord("agent-events", 0, i, 1.0, value)) for i, value in enumerate(inputs)]
     sent, traces = TraceStage(SETTINGS, configs, registry).process(batch, lambda _: None)
     everything = [*sent, *(Record("traces-changelog", k, _encoded(v)) for k, v in traces.items())]
     while sent:
@@ -362,7 +363,7 @@ def test_a_calibration_item_over_a_low_max_record_bytes_refuses_its_input() -> N
     }
     short = {**outcome, "event_id": "o2", "tenant_id": "t", "trace_id": "tr", "subject_event_id": "r"}
     records = [
-        InputRecord("agent-events", 0, n, 1.0, orjson.dumps(e)) for n, e in enumerate([outcome, short])
+        keyed(InputRecord("agent-events", 0, n, 1.0, orjson.dumps(e))) for n, e in enumerate([outcome, short])
     ]
     produced, _ = stage.process(records, {}.get)
     sent = bundle(produced, settings.internal_topics, settings.producer_max_batch_bytes)  # as the runner does

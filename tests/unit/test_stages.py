@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from streams.stages import InputRecord, TraceStage
 from streams.stages.claims import ClaimStage
 from streams.stages.common import ExpiryClock, Outputs
 from streams.state import CalibrationItem, TraceState
+from tests.unit.stage_records import keyed
 
 BASE = {
     "event_type": "TOOL_INVOCATION",
@@ -37,7 +39,7 @@ def _stage() -> TraceStage:
 
 
 def _record(offset: int, **fields: Any) -> InputRecord:
-    return InputRecord("agent-events", 0, offset, 1.0, orjson.dumps({**BASE, **fields}))
+    return keyed(InputRecord("agent-events", 0, offset, 1.0, orjson.dumps({**BASE, **fields})))
 
 
 def test_batch_writes_each_trace_once_and_emits_in_order() -> None:
@@ -51,6 +53,29 @@ def test_batch_writes_each_trace_once_and_emits_in_order() -> None:
     scored = [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
     assert [o["source_event_id"] for o in scored] == ["e1", "e2"]
     assert round(scored[-1]["score"], 3) == 0.772
+
+
+@pytest.mark.parametrize("key", [b"another-trace", None, b"TR", "tr\u0301".encode()])
+def test_an_event_keyed_otherwise_than_by_its_trace_id_is_dead_lettered(key: bytes | None) -> None:
+    """The topics review: a trace's events keyed otherwise (or not at all) reached another partition,
+    whose owner scored them against a trace state without the others' (score 0.0, band failed),
+    with no dead letter and no log. The key must be the trace_id's UTF-8, byte for byte."""
+    records, states = _stage().process(
+        [
+            _record(0, event_id="e1", target="Foo"),
+            dataclasses.replace(_record(1, event_id="e2", tool="read", target="src/Foo.h"), key=key),
+        ],
+        {}.get,
+    )
+    (dead,) = [r for r in records if r.topic == "agent-events-dlq"]
+    headers = dict(dead.headers or [])
+    assert headers["__connect.errors.reason"] == b"wrong_key"
+    assert headers["__connect.errors.offset"] == b"1" and dead.key == key
+    assert orjson.loads(dead.value)["event_id"] == "e2"  # the record as sent
+    scored = [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
+    assert [o["source_event_id"] for o in scored] == ["e1"]
+    (state,) = states.values()
+    assert list(state.remembered) == ["e1"]
 
 
 def test_a_scorer_failure_dead_letters_that_event_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,7 +243,7 @@ def test_a_claim_redelivered_after_its_claim_forgot_it_changes_nothing() -> None
         }
         body.pop("tool"), body.pop("status")
         sent, states = trace.process(
-            [InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(body))], traces.get
+            [keyed(InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(body)))], traces.get
         )
         traces.update(states)
         forwarded = [
@@ -269,7 +294,7 @@ def test_a_claim_message_written_before_the_mark_existed_is_applied() -> None:
         "tier": "task",
     }
     body.pop("tool"), body.pop("status")
-    sent, _ = _stage().process([InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(body))], {}.get)
+    sent, _ = _stage().process([keyed(InputRecord("agent-events", 0, 0, 1.0, orjson.dumps(body)))], {}.get)
     (message,) = (r for r in sent if r.topic == settings.claims_topic)
     old = orjson.loads(message.value or b"")
     assert old.pop("redelivered") is False
@@ -299,7 +324,7 @@ def test_with_two_input_topics_one_read_ahead_does_not_expire_the_traces_waiting
 
     def run(topic: str, hours: float, **fields: Any) -> list[dict[str, Any]]:
         moment = (t0 + timedelta(hours=hours)).isoformat()
-        record = InputRecord(topic, 0, 0, 1.0, orjson.dumps({**BASE, "timestamp": moment, **fields}))
+        record = keyed(InputRecord(topic, 0, 0, 1.0, orjson.dumps({**BASE, "timestamp": moment, **fields})))
         records, states = stage.process([record], store.get)
         store.update(states)
         return [orjson.loads(r.value) for r in records if r.topic == "scored-events"]
@@ -363,7 +388,7 @@ def test_with_two_input_topics_the_later_stages_count_each_topics_partition_as_a
     for topic, agent, hours in (("in-a", a_agent, 30), ("in-b", b_agent, 0)):
         moment = (t0 + timedelta(hours=hours)).isoformat()
         event = {**response, "event_id": f"{topic}-r", "agent_name": agent, "timestamp": moment}
-        records, _ = stage1.process([InputRecord(topic, 0, 0, 1.0, orjson.dumps(event))], {}.get)
+        records, _ = stage1.process([keyed(InputRecord(topic, 0, 0, 1.0, orjson.dumps(event)))], {}.get)
         (forwarded,) = [r for r in records if r.topic == settings.responses_topic]
         sources.append(orjson.loads(forwarded.value)["source_partition"])
         pending = InputRecord(settings.responses_topic, forwarded.partition or 0, 0, 1.0, forwarded.value)

@@ -22,6 +22,7 @@ from streams.stages.common import Outputs
 from streams.stages.trace import _Batch
 from streams.state import TraceState
 from tests.unit import stage_records
+from tests.unit.stage_records import keyed
 
 LIMIT = 16_384  # the smallest bound the settings accept
 T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
@@ -70,7 +71,9 @@ class _Worker:
 
     def run(self, events: Sequence[dict[str, Any]], batches: Sequence[int]) -> list[Record]:
         """Process `events` in batches of the given sizes (the rest in one last batch); all records."""
-        records = [InputRecord("agent-events", 0, i, 1.0, orjson.dumps(e)) for i, e in enumerate(events)]
+        records = [
+            keyed(InputRecord("agent-events", 0, i, 1.0, orjson.dumps(e))) for i, e in enumerate(events)
+        ]
         sent: list[Record] = []
         start = 0
         for size in [*batches, len(records)]:
@@ -169,7 +172,7 @@ def test_the_size_estimate_of_each_input_is_an_upper_bound(
     w = _Worker(limit=64_000_000)
     for offset, event in enumerate(events):
         batch, out = _Batch(w.states.load, w.states), Outputs(w.settings, w.stage.metrics)
-        record = InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(event))
+        record = keyed(InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(event)))
         out.guarded(record, "test", functools.partial(w.stage._one, batch=batch, out=out))
         for key, state in batch.dirty.items():
             w.table[key] = w.states.encode(key, state)
