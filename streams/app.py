@@ -282,15 +282,23 @@ class DeadlinedWorker(faust.Worker):  # type: ignore[misc]
     """
 
     shutdown_timeout_seconds = 25.0
+    _deadline: threading.Timer | None = None
 
     def _schedule_shutdown(self, signum: signal.Signals) -> None:
         if not self._signal_stop_time:  # the first signal starts the stop, and the deadline
-            deadline = threading.Timer(
+            self._deadline = threading.Timer(
                 self.shutdown_timeout_seconds, _stop_overran, (self.shutdown_timeout_seconds,)
             )
-            deadline.daemon = True
-            deadline.start()
+            self._deadline.daemon = True
+            self._deadline.start()
         super()._schedule_shutdown(signum)
+
+    def _shutdown_loop(self) -> None:
+        # The stop is over (offsets committed): mode's own teardown of the loop follows, bounded (a
+        # few seconds of gathering and a sentinel task), and must not be reported as an overrun.
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super()._shutdown_loop()
 
 
 def _stop_overran(seconds: float) -> None:

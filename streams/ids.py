@@ -18,7 +18,9 @@ def output_event_id(kind: str, source_event_id: str, *parts: str) -> str:
 
     The same value as `str(uuid.uuid5(_NAMESPACE, name))` (RFC 4122 section 4.3, pinned by the unit
     tests), built without the `UUID` object, whose construction and formatting were most of its cost:
-    5 us against 1 us per id, about 1.4 ids per input event.
+    5 us against 1 us per id, about 1.4 ids per input event. Distinct for distinct parts as long as
+    each kind always has the same number of parts (every caller's does: 0, 2 for CLAIM_SCORED, 4 for
+    CALIBRATION_UPDATED); with no parts the event id is the last field, so it needs no check.
     """
     name = "\x1f".join((kind, source_event_id, *parts))
     if parts and name.count("\x1f") != len(parts) + 1:

@@ -1,0 +1,63 @@
+"""The graceful stop's deadline (`streams/app.py` DeadlinedWorker), without a broker.
+
+Through the broker: tests/integration/test_stuck_commit.py (a stop that cannot commit exits 70 at the
+deadline). Here: a stop that finishes just inside it is not reported as overrun (the diff review: the
+timer ran on through mode's own teardown of the loop and exited 70 with a false CRITICAL line).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+# A graceful stop that finishes 0.5 s before SHUTDOWN_TIMEOUT_SECONDS. mode's Worker then runs its own
+# loop teardown (`_shutdown_loop`: gathering futures, a 1 s sentinel task), which must not count.
+_STOP_FINISHING_JUST_IN_TIME = textwrap.dedent(
+    """
+    import asyncio, logging, signal, sys
+    import faust
+    from streams.app import DeadlinedWorker
+
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)6.0f %(levelname)s %(message)s")
+
+    class SlowStop(DeadlinedWorker):
+        async def on_stop(self) -> None:
+            await super().on_stop()
+            await asyncio.sleep(2.5)
+            logging.info("graceful stop finished")
+
+    app = faust.App("probe", broker="kafka://127.0.0.1:1", autodiscover=False)
+    worker = SlowStop(app, loglevel="info", quiet=True, debug=False)
+    worker.shutdown_timeout_seconds = 3.0
+
+    async def sigterm() -> None:
+        worker._schedule_shutdown(signal.SIGTERM)  # what mode's SIGTERM handler calls
+
+    worker.loop.run_until_complete(sigterm())
+    worker.stop_and_shutdown()  # what execute_from_commandline's `finally` runs
+    logging.info("worker returned")
+    sys.exit(0)
+    """
+)
+
+
+def test_a_graceful_stop_that_finished_before_the_deadline_is_not_reported_as_overrun() -> None:
+    """The stop finishes (its offsets committed) at 2.5 s of a 3 s deadline: exit 0, no CRITICAL line.
+    Before, the timer ran on through mode's teardown after the stop, and the process exited 70 with
+    "did not finish ... inputs not committed are processed again"."""
+    run = subprocess.run(
+        [sys.executable, "-c", _STOP_FINISHING_JUST_IN_TIME],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    log = run.stdout + run.stderr
+    assert "graceful stop finished" in log
+    assert "did not finish" not in log, log
+    assert run.returncode == 0, log
