@@ -376,6 +376,7 @@ async def follow(
                     f"{len(tracker.pending)} of {tracker.expected} inputs without their output "
                     f"after {timeout:.0f}s ({tracker.records} output records read); first missing "
                     f"(input partition, offset, event id): {tracker.missing()[:5]}"
+                    + (deployment.skipped_offsets() if deployment is not None else "")
                 )
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
             arrived_ms = int(time.time() * 1000)
@@ -446,6 +447,15 @@ class Deployment:
     def stop(self) -> None:
         for proc in self.procs:
             proc.stop()
+
+    def skipped_offsets(self) -> str:
+        """The workers' log lines saying the broker skipped offsets of an internal topic (Tansu does
+        under concurrent appends, README "Brokers"): the likely cause of inputs without output."""
+        lines = []
+        for proc in self.procs:
+            with open(proc.log_path, errors="replace") as log:
+                lines += [line.strip() for line in log if "skipped by the fetch" in line]
+        return "; the broker skipped offsets (README 'Brokers'): " + " | ".join(lines) if lines else ""
 
     def check_alive(self) -> None:
         for proc in self.procs:

@@ -193,6 +193,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         recovery_consistency_check=settings.recovery_consistency_check,
         TableManager=SeekThenResumeTableManager,  # fixes a record-loss race on restart, see streams/recovery.py
     )
+    app.gapless_topics = frozenset(settings.internal_topics)
     metrics = metrics_module.create(registry, settings.metrics_label_cap)
     configs = scoring_configs(settings)
     input_topic = app.topic(*settings.input_topic_names, key_type=bytes, value_type=bytes)

@@ -154,8 +154,16 @@ class Deployment:
         try:
             return asyncio.run(collect(self.kafka.bootstrap_servers, topics, done, timeout))
         except TimeoutError as timeout_error:
-            # CI keeps only pytest's output: say what the workers were doing when the wait ran out.
-            raise TimeoutError(f"{timeout_error}\n{self.log_tails()}") from None
+            # CI keeps only pytest's output: say what the workers were doing when the wait ran out, and
+            # whether the broker skipped records of an internal topic (streams/transport.py `_warn_gap`).
+            skipped = [line for line in self.log_text().splitlines() if "skipped by the fetch" in line]
+            broker_fault = (
+                f"\nThe broker ({self.kafka.kind}) skipped offsets of an internal topic, acknowledged unread "
+                f"(on Tansu: a known gap under concurrent appends, README 'Brokers'):\n" + "\n".join(skipped)
+                if skipped
+                else ""
+            )
+            raise TimeoutError(f"{timeout_error}{broker_fault}\n{self.log_tails()}") from None
 
     def log_tails(self, lines: int = 40) -> str:
         """Each worker's state and the last `lines` lines of its log."""
