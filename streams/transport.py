@@ -151,9 +151,9 @@ class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
                         r_offset = get_read_offset(tp)
                         if r_offset is None or offset >= r_offset:
                             gap = offset - (r_offset or 0)
+                            if gap > 1 and r_offset is not None and message.topic in gapless:
+                                self._warn_gap(tp, r_offset + 1, offset)  # after offset 0 too
                             if gap > 1 and r_offset and acks_enabled_for(message.topic):
-                                if message.topic in gapless:
-                                    self._warn_gap(tp, r_offset + 1, offset)
                                 await self._add_gap(tp, r_offset + 1, offset)
                             if commit_every is not None and self._n_acked >= commit_every:
                                 self._n_acked = 0

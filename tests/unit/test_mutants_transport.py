@@ -149,3 +149,12 @@ async def test_a_gap_in_a_topic_that_never_has_gaps_is_logged_as_a_broker_fault(
         if gapless
         else []
     )
+
+
+async def test_a_skip_right_after_offset_0_is_logged_too(caplog: pytest.LogCaptureFixture) -> None:
+    """Faust records no gap after a record at offset 0 (its read offset is falsy): the skip is logged
+    all the same (the first version of the warning followed Faust's condition and missed it)."""
+    with caplog.at_level(logging.WARNING):
+        delivered, gaps, _, _ = await _drain([0, 6], read_offset=None, gapless=True)
+    assert delivered == [0, 6] and gaps == []
+    assert any("offsets 1-5 of agent-events[0] were skipped" in r.getMessage() for r in caplog.records)
