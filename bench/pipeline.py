@@ -65,6 +65,7 @@ from streams.demo_runner import worker_env
 from streams.harness import RunningBroker, broker, free_port
 from streams.kafka_io import dies_with_parent
 from streams.topics import create_topics
+from streams.transport import SKIPPED_OFFSETS
 
 __all__ = ["main"]
 
@@ -454,7 +455,7 @@ class Deployment:
         lines = []
         for proc in self.procs:
             with open(proc.log_path, errors="replace") as log:
-                lines += [line.strip() for line in log if "skipped by the fetch" in line]
+                lines += [line.strip() for line in log if SKIPPED_OFFSETS in line]
         return "; the broker skipped offsets (README 'Brokers'): " + " | ".join(lines) if lines else ""
 
     def check_alive(self) -> None:

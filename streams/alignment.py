@@ -185,10 +185,9 @@ class InputAlignment:
                 tp for tp in assigned if now - self._delivered_at.get(tp, -1e18) <= self.idle_seconds
             ]
             paused = self._bounded_hold(partitions_ahead(times, delivering, self.max_lead), now)
-        wanted = paused
-        resume = {tp for tp in self._paused - wanted if tp in assigned}
-        if wanted:
-            consumer.pause_partitions(wanted)  # again each time: a recovery may have resumed them
+        resume = {tp for tp in self._paused - paused if tp in assigned}
+        if paused:
+            consumer.pause_partitions(paused)  # again each time: a recovery may have resumed them
         if resume:
             consumer.resume_partitions(resume)
         if not holding and paused != self._ahead:  # logged as alignment decides, not per hold
@@ -198,7 +197,7 @@ class InputAlignment:
                 self.max_lead,
             )
             self._ahead = paused
-        self._paused = wanted
+        self._paused = paused
         self.metrics.input_partitions_paused.set(len(paused))
 
     def _bounded_hold(self, ahead: set[TP], now: float) -> set[TP]:

@@ -65,6 +65,10 @@ class _Batch:
     dirty: dict[bytes, TraceState] = field(default_factory=dict)
     size_bound: dict[bytes, int] = field(default_factory=dict)  # encoded bytes, at most
 
+    def state(self, key: bytes) -> TraceState | None:
+        """The trace's state as this batch has left it so far, else as stored."""
+        return self.dirty.get(key) or self.load(key)
+
 
 WRONG_KEY_MESSAGE = (
     "the record's key is not the event's trace_id as UTF-8: every event of a trace must carry it, so "
@@ -130,7 +134,7 @@ class TraceStage:
             self._outcome(event, batch, record, out)  # changes no trace state: stage 4 de-duplicates
             return
         key = table_key(event.tenant_id, event.trace_id)
-        state = batch.dirty.get(key) or batch.load(key)
+        state = batch.state(key)
         if key not in batch.size_bound:
             batch.size_bound[key] = batch.sizes.stored_bytes(key)
         if state is None:
@@ -277,7 +281,7 @@ class TraceStage:
         than to the dead-letter topic."""
         key = table_key(event.tenant_id, event.trace_id)
         try:
-            state = batch.dirty.get(key) or batch.load(key)
+            state = batch.state(key)
         except UndecodableState:
             return None
         return None if state is None else state.response_agents.get(event.subject_id)

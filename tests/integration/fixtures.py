@@ -26,6 +26,7 @@ from streams.demo_runner import worker_env
 from streams.harness import RunningBroker, free_port
 from streams.kafka_io import Consumed, WorkerProcess, collect, produce
 from streams.topics import create_topics
+from streams.transport import SKIPPED_OFFSETS
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 GAP_REASON = "Tansu watermark gap, DESIGN section 7"
@@ -156,7 +157,7 @@ class Deployment:
         except TimeoutError as timeout_error:
             # CI keeps only pytest's output: say what the workers were doing when the wait ran out, and
             # whether the broker skipped records of an internal topic (streams/transport.py `_warn_gap`).
-            skipped = [line for line in self.log_text().splitlines() if "skipped by the fetch" in line]
+            skipped = [line for line in self.log_text().splitlines() if SKIPPED_OFFSETS in line]
             broker_fault = (
                 f"\nThe broker ({self.kafka.kind}) skipped offsets of an internal topic, acknowledged unread "
                 f"(on Tansu: a known gap under concurrent appends, README 'Brokers'):\n" + "\n".join(skipped)
