@@ -306,7 +306,7 @@ def _stop_overran(seconds: float) -> None:
     from streams.batch_runner import EXIT_BATCH_FAILED
 
     logging.getLogger(__name__).critical(
-        "the graceful stop did not finish in %.0f s (SHUTDOWN_TIMEOUT_SECONDS): exiting without it; "
+        "the graceful stop did not finish in %g s (SHUTDOWN_TIMEOUT_SECONDS): exiting without it; "
         "inputs not committed are processed again by the next worker",
         seconds,
     )

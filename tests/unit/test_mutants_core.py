@@ -1,0 +1,417 @@
+"""Hand mutation review of the reliability core (streams/agents.py, recovery.py, app.py, lag.py).
+
+Each test here kills a mutant that the other unit tests let through; the docstrings name it. The agents'
+timers are driven offline: `attach_agents` runs on a real app whose `timer` decorator is replaced by one
+that keeps the function, and `stop_worker`'s delayed exit is recorded instead of taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.tables.recovery import ServiceStopped
+from faust.types import TP
+
+import streams.batch_runner
+from streams.agents import _writer, attach_agents
+from streams.app import Service, create_app
+from streams.batch_runner import BatchRunner
+from streams.config import load_settings
+from streams.decoded_states import DecodedStates
+from streams.recovery import SeekThenResumeRecovery
+from streams.stages.history import HistoryWrite
+from streams.state import AgentHistory, TraceState
+
+ROOT = Path(__file__).parents[2]
+
+_Timer = Callable[[], Awaitable[None]]
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """stop_worker's delayed os._exit, recorded instead."""
+    calls: list[str] = []
+    monkeypatch.setattr(streams.batch_runner, "_exit_now", lambda: calls.append("exit"))
+    return calls
+
+
+def _attached(
+    monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[Service, dict[str, _Timer], list[BatchRunner]]:
+    """A real app with the agents attached; its timers by name, and the runners the sweep sent through."""
+    svc = create_app(load_settings(**settings))
+    timers: dict[str, _Timer] = {}
+
+    def timer(interval: float, **_: Any) -> Callable[[_Timer], _Timer]:
+        def keep(fun: _Timer) -> _Timer:
+            timers[fun.__name__] = fun
+            return fun
+
+        return keep
+
+    sent: list[BatchRunner] = []
+    monkeypatch.setattr(svc.app, "timer", timer)
+    monkeypatch.setattr(BatchRunner, "send_table_changes", lambda runner: sent.append(runner))
+    attach_agents(svc)
+    return svc, timers, sent
+
+
+def _recovery(svc: Service) -> SeekThenResumeRecovery:
+    recovery = svc.app.tables.recovery
+    assert isinstance(recovery, SeekThenResumeRecovery)
+    return recovery
+
+
+# streams/agents.py: the offset-commit watchdog
+
+
+@pytest.mark.parametrize(("over", "stops"), [(0.0, False), (0.5, True)])
+async def test_the_commit_watchdog_stops_the_worker_only_past_the_send_timeout(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str], over: float, stops: bool
+) -> None:
+    """Mutants: the check removed, `>` turned into `<` or `>=`. A commit running longer than
+    SEND_TIMEOUT_SECONDS must stop the worker (offsets would stay put with /healthz "ok"); one that has
+    run exactly that long must not."""
+    svc, timers, _ = _attached(monkeypatch, send_timeout_seconds=4.0, fatal_exit_delay_seconds=0.0)
+    svc.app.consumer = SimpleNamespace(commit_running_for=lambda: 4.0 + over)
+    await timers["watch_offset_commits"]()
+    await asyncio.sleep(0.01)
+    if stops:
+        assert svc.health.fatal is not None and "offset commit has not finished in 4 s" in svc.health.fatal
+        assert exits == ["exit"]
+    else:
+        assert svc.health.fatal is None and exits == []
+
+
+async def test_the_commit_watchdog_leaves_an_idle_consumer_alone(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    svc, timers, _ = _attached(monkeypatch, send_timeout_seconds=4.0)
+    svc.app.consumer = SimpleNamespace(commit_running_for=lambda: 0.0)
+    await timers["watch_offset_commits"]()
+    assert svc.health.fatal is None
+
+
+# streams/agents.py: the expiry sweep's guards and its failure
+
+
+def _ready(svc: Service) -> SeekThenResumeRecovery:
+    recovery = _recovery(svc)
+    recovery.completed.set()
+    svc.app.rebalancing = False
+    return recovery
+
+
+async def test_a_failing_sweep_stops_the_worker(monkeypatch: pytest.MonkeyPatch, exits: list[str]) -> None:
+    """Mutant: the `except` that calls stop_worker removed (the timer's exception would crash the app
+    through Faust's graceful shutdown, /healthz "ok" meanwhile)."""
+    svc, timers, _ = _attached(monkeypatch, fault_injection="sweep:expiry:1", fatal_exit_delay_seconds=0.0)
+    _ready(svc)
+    await timers["sweep_expired_state"]()
+    await asyncio.sleep(0.01)
+    assert svc.health.fatal is not None and svc.health.fatal.startswith("the expiry sweep failed")
+    assert exits == ["exit"]
+
+
+@pytest.mark.parametrize("state", ["recovering", "rebalancing"])
+async def test_no_sweep_while_partitions_move(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str], state: str
+) -> None:
+    """Mutants: each condition of the sweep's guard dropped or flipped. A sweep before the tables are
+    restored (or while partitions move) would look at partitions this worker may not own."""
+    svc, timers, _ = _attached(monkeypatch, fault_injection="sweep:expiry:1")
+    _ready(svc)
+    if state == "recovering":
+        _recovery(svc).completed.clear()
+    else:
+        svc.app.rebalancing = True
+    await timers["sweep_expired_state"]()
+    assert svc.health.fatal is None  # the fault (raised by any sweep) was not reached
+
+
+def _trace(partition: int, when: datetime) -> bytes:
+    return (
+        TraceState(tenant_id="t", trace_id=f"x{partition}", partition=partition, last_event_time=when)
+        .model_dump_json()
+        .encode()
+    )
+
+
+def _expired_traces(svc: Service) -> tuple[str, datetime]:
+    """Two traces idle past their TTL, on partitions 0 and 1; this worker owns partition 0 only."""
+    topic = svc.traces.changelog_topic.get_topic_name()
+    old = datetime(2026, 11, 20, tzinfo=UTC)
+    svc.traces.set_from(b"t/x0", _trace(0, old), 0)
+    svc.traces.set_from(b"t/x1", _trace(1, old), 1)
+    svc.traces.take_changelog()
+    now = old + timedelta(hours=svc.settings.trace_ttl_hours + 1)
+    for partition in (0, 1):
+        svc.trace_stage.clock.saw(partition, now)
+    _recovery(svc).actives_for_table[svc.traces] = {TP(topic, 0)}
+    return topic, now
+
+
+async def test_the_sweep_deletes_expired_owned_state_and_sends_it_through_every_runner(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutants: the trace deletion, the ownership check or the sends to the runners removed. An expired
+    trace of an owned partition leaves the table with a tombstone for its source partition, which the
+    sweep hands to the runners (ordered with the batches); a standby partition's trace stays."""
+    svc, timers, sent = _attached(monkeypatch, topic_partitions=2)
+    topic, _ = _expired_traces(svc)
+    _ready(svc)
+    await timers["sweep_expired_state"]()
+    assert svc.health.fatal is None
+    assert dict(svc.traces.items()).keys() == {b"t/x1"}
+    [tombstone] = svc.traces.take_changelog()
+    assert (tombstone.topic, tombstone.key, tombstone.value, tombstone.partition) == (topic, b"t/x0", None, 0)
+    assert [runner.agent for runner in sent] == [
+        "score-events",
+        "score-responses",
+        "score-claims",
+        "calibrate",
+    ]
+    assert svc.metrics.table_keys.labels("traces")._value.get() == 0  # owned partition 0: none left
+
+
+async def test_no_sweep_once_the_worker_is_stopping(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutant: `svc.health.fatal is not None` dropped from the guard. Once a batch failed nothing more
+    may change: the sweep would delete state (in memory) whose deletion is never sent."""
+    svc, timers, sent = _attached(monkeypatch, topic_partitions=2)
+    _expired_traces(svc)
+    _ready(svc)
+    svc.health.fatal = "a batch failed"
+    await timers["sweep_expired_state"]()
+    assert dict(svc.traces.items()).keys() == {b"t/x0", b"t/x1"}
+    assert sent == []
+
+
+# streams/recovery.py
+
+
+async def test_a_recovery_step_cut_short_by_a_stop_is_not_reported_as_a_timeout() -> None:
+    """Mutant: `should_stop or timeout is None` -> `and`. A worker stopped (SIGTERM) while a recovery step
+    with a timeout waits would be reported as a failed recovery and exit 70 instead of stopping."""
+    svc = create_app(load_settings())
+    recovery = _recovery(svc)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    recovery._stopped.set()
+    with pytest.raises(ServiceStopped):
+        await recovery._wait(asyncio.sleep(5), timeout=5)
+    assert reasons == []
+
+
+class _Consumer:
+    """One stream and one changelog partition, paused; records seeks, resumes and the flow."""
+
+    def __init__(self, changelog_topic: str, app: Any = None, rebalance_during_seek: bool = False) -> None:
+        self.calls: list[str] = []
+        self.paused = {TP("agent-events", 0), TP(changelog_topic, 0)}
+        self.app = app
+        self.rebalance_during_seek = rebalance_during_seek
+        self.hang_seek = False
+
+    def assignment(self) -> set[TP]:
+        return set(self.paused)
+
+    async def perform_seek(self) -> None:
+        if self.hang_seek:
+            await asyncio.sleep(3600)
+        self.calls.append("seek")
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        if self.rebalance_during_seek:
+            self.app.rebalancing_count += 1
+        return {TP("agent-events", 0): 5}
+
+    def resume_partitions(self, partitions: set[TP]) -> None:
+        self.calls.append("resume")
+        self.paused -= partitions
+
+    def resume_flow(self) -> None:
+        self.calls.append("resume_flow")
+
+
+async def _noop() -> None:
+    return None
+
+
+def _flowing(svc: Service, monkeypatch: pytest.MonkeyPatch, **consumer: Any) -> _Consumer:
+    recording = _Consumer(svc.traces.changelog_topic.get_topic_name(), svc.app, **consumer)
+    svc.app.consumer = recording
+    monkeypatch.setattr(svc.app, "_fetcher", SimpleNamespace(maybe_start=_noop), raising=False)
+    svc.app.consumer_generation_id = 3
+    svc.app.rebalancing = True
+    return recording
+
+
+@pytest.mark.parametrize("path", ["restored", "nothing to restore"])
+async def test_a_finished_recovery_resumes_the_flow_and_announces_the_worker_ready(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Mutants in `_start_flow` (no `completed.set()`, no `resume_flow()`, the standby flag flipped):
+    /readyz reads `recovery.completed`, the sweep waits for it, and the consumer's flow must resume."""
+    svc = create_app(load_settings())
+    recovery = _recovery(svc)
+    consumer = _flowing(svc, monkeypatch)
+    if path == "restored":
+        await recovery.on_recovery_completed(generation_id=3)
+    else:
+        await recovery._resume_streams(generation_id=3)
+    assert consumer.calls == ["seek", "resume", "resume_flow"]
+    assert recovery.completed.is_set()
+    assert svc.app.tables.actives_ready and svc.app.tables.standbys_ready  # no standbys assigned
+    assert svc.app.rebalancing is False
+
+
+@pytest.mark.parametrize("path", ["restored", "nothing to restore"])
+@pytest.mark.parametrize("why", ["older generation", "rebalance during the seek"])
+async def test_a_recovery_overtaken_by_a_rebalance_neither_resumes_nor_announces_ready(
+    monkeypatch: pytest.MonkeyPatch, path: str, why: str
+) -> None:
+    """Mutants: the generation check flipped, or the seek's False ("another rebalance began") ignored:
+    the worker would report ready and let records flow into tables the next recovery still restores."""
+    svc = create_app(load_settings())
+    recovery = _recovery(svc)
+    consumer = _flowing(svc, monkeypatch, rebalance_during_seek=why == "rebalance during the seek")
+    generation = 2 if why == "older generation" else 3
+    if path == "restored":
+        await recovery.on_recovery_completed(generation_id=generation)
+    else:
+        await recovery._resume_streams(generation_id=generation)
+    assert "resume_flow" not in consumer.calls and "resume" not in consumer.calls
+    assert not recovery.completed.is_set()
+    assert svc.app.rebalancing is True
+
+
+async def test_a_seek_the_broker_never_answers_stops_the_worker_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutant: `perform_seek` awaited without BROKER_REQUEST_TIMEOUT. The recovery would wait for ever
+    with the streams paused; instead the step's timeout is reported (the worker stops, exit 70)."""
+    svc = create_app(load_settings())
+    svc.app.conf.broker_request_timeout = 0.05
+    recovery = _recovery(svc)
+    reasons: list[str] = []
+    recovery.on_failure = reasons.append
+    consumer = _flowing(svc, monkeypatch)
+    consumer.hang_seek = True
+    with pytest.raises(ServiceStopped):
+        await asyncio.wait_for(recovery._seek_then_resume_streams(), 2.0)
+    assert len(reasons) == 1 and "took longer than 0.05 s" in reasons[0]
+    assert "resume" not in consumer.calls
+
+
+async def test_a_recovery_that_cannot_finish_stops_the_worker_it_was_attached_to(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutant: `attach_agents` no longer wires the recovery's `on_failure` to `stop_worker`: a recovery
+    step that times out would only be logged, the streams paused and /healthz "ok"."""
+    svc, _, _ = _attached(monkeypatch, fatal_exit_delay_seconds=0.0)
+    _recovery(svc)._failed("a table recovery step took longer than 1 s")
+    await asyncio.sleep(0.01)
+    assert svc.health.fatal == "a table recovery step took longer than 1 s"
+    assert exits == ["exit"]
+
+
+def test_a_stage_write_stores_its_value_and_a_none_deletes_it_to_the_source_partition() -> None:
+    """Mutant: `_writer`'s `value is None` check flipped: every write would become a delete (and every
+    delete a write of None). The history and calibration agents write their tables through it."""
+    svc = create_app(load_settings(topic_partitions=4))
+    states: dict[str, DecodedStates[Any]] = {"summary": DecodedStates(svc.agents_history, AgentHistory)}
+    write = _writer(states)
+    topic = svc.agents_history.changelog_topic.get_topic_name()
+    summary = AgentHistory(tenant_id="t", agent_name="a", agent_type="planner")
+    write(b"t/a", HistoryWrite("summary", summary, 2))
+    assert states["summary"].load(b"t/a") == summary
+    write(b"t/a", HistoryWrite("summary", None, 2))
+    assert b"t/a" not in svc.agents_history and states["summary"].load(b"t/a") is None
+    assert [(r.topic, r.key, r.value is None, r.partition) for r in svc.agents_history.take_changelog()] == [
+        (topic, b"t/a", False, 2),
+        (topic, b"t/a", True, 2),
+    ]
+
+
+# streams/app.py
+
+
+def test_the_app_reads_from_the_beginning_takes_no_environment_and_fills_the_internal_topics_gaps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutants: `earliest` turned into `latest`, `env={}` dropped (Faust's own variables then override
+    the validated settings), the gapless internal topics emptied, a table left off the app. A new group
+    that started at the end would skip every input written before it."""
+    monkeypatch.setenv("CONSUMER_AUTO_OFFSET_RESET", "latest")
+    monkeypatch.setenv("BROKER_MAX_POLL_RECORDS", "100000")
+    settings = load_settings()
+    svc = create_app(settings)
+    assert svc.app.conf.consumer_auto_offset_reset == "earliest"
+    assert svc.app.conf.broker_max_poll_records == settings.batch_size
+    assert svc.app.conf.stream_buffer_maxsize == 2 * settings.batch_size
+    assert svc.app.gapless_topics == frozenset(settings.internal_topics) != frozenset()
+    assert svc.app.tables["traces"] is svc.traces and svc.app.tables["claims"] is svc.claims
+
+
+_STOP_OVERRUNNING = textwrap.dedent(
+    """
+    import asyncio, logging, signal, sys
+    import faust
+    from streams.app import DeadlinedWorker
+
+    logging.basicConfig(level=logging.INFO)
+
+    class StuckStop(DeadlinedWorker):
+        async def on_stop(self) -> None:
+            await super().on_stop()
+            await asyncio.sleep(30)  # an offset commit the broker keeps refusing
+
+    app = faust.App("probe", broker="kafka://127.0.0.1:1", autodiscover=False)
+    worker = StuckStop(app, loglevel="info", quiet=True, debug=False)
+    worker.shutdown_timeout_seconds = 0.5
+
+    async def sigterm() -> None:
+        worker._schedule_shutdown(signal.SIGTERM)
+
+    worker.loop.run_until_complete(sigterm())
+    worker.stop_and_shutdown()
+    sys.exit(0)
+    """
+)
+
+
+def test_a_graceful_stop_past_its_deadline_exits_70() -> None:
+    """Mutants: the deadline's timer not started (or only on a second signal), the exit status 0. The
+    existing test covers only a stop inside the deadline; one that cannot commit must end with 70."""
+    run = subprocess.run(
+        [sys.executable, "-c", _STOP_OVERRUNNING],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode == 70, log
+    assert "did not finish in 0.5 s (SHUTDOWN_TIMEOUT_SECONDS)" in log, log
+
+
+def test_a_key_written_through_set_from_keeps_no_partition_for_a_later_write() -> None:
+    """Mutant: the `finally` that forgets the key's source partition removed. A later write outside
+    `set_from` would go silently to the old partition instead of being refused (and every key ever
+    written would stay in the map)."""
+    svc = create_app(load_settings(topic_partitions=4))
+    svc.traces.set_from(b"acme/t1", b"{}", partition=3)
+    with pytest.raises(TypeError, match="no changelog partition"):
+        svc.traces[b"acme/t1"] = b"{}"
