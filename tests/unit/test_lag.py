@@ -163,3 +163,87 @@ async def test_a_partition_whose_position_cannot_be_read_freezes_only_itself(
     assert [r.getMessage() for r in caplog.records] == [
         "consumer lag not sampled: position of agent-events[1] not read: TimeoutError()"
     ]
+
+
+async def test_a_committed_offset_needs_no_position(caplog: pytest.LogCaptureFixture) -> None:
+    """Mutant: the position read even when Faust knows the committed offset. The committed offset is
+    the lag's start (README: as Kafka tools count it); a position that cannot be read then (a partition
+    being restored) must neither freeze that partition's lag nor log a warning."""
+    monitor, registry = _monitor()
+    slow = SlowPosition(ends={TP(IN, 0): 5, TP(IN, 1): 30}, committed={TP(IN, 0): 5, TP(IN, 1): 10})
+    with caplog.at_level(logging.WARNING, logger="streams.lag"):
+        await monitor.tick(slow)
+    assert _gauge(registry) == {(IN, "0"): 0.0, (IN, "1"): 20.0}
+    assert caplog.records == []
+
+
+class UnknownEnd(FakeConsumer):
+    """The broker answers no end offset for partition 1 (ListOffsets left it out)."""
+
+    async def highwaters(self, *partitions: TP) -> Mapping[TP, int]:
+        ends = await super().highwaters(*partitions)
+        return {tp: end for tp, end in ends.items() if tp != TP(IN, 1)}
+
+
+async def test_a_partition_whose_end_is_unknown_is_left_out_not_reported_caught_up() -> None:
+    """Mutant: a partition of unknown end exported as lag 0. A lag of 0 says "caught up"; not knowing
+    must not look like that (an alert on the lag would never fire)."""
+    monitor, registry = _monitor()
+    await monitor.tick(
+        UnknownEnd(ends={TP(IN, 0): 9, TP(IN, 1): 500}, committed={TP(IN, 0): 4, TP(IN, 1): 0})
+    )
+    assert _gauge(registry) == {(IN, "0"): 5.0}
+
+
+async def test_a_partition_kept_through_a_failed_read_still_leaves_the_gauge_once_revoked() -> None:
+    """Mutant: the partitions kept after a failed position read dropped from what the monitor exported.
+    Their series keeps its last value meanwhile, so once revoked it must still be removed: otherwise
+    it stays for ever and `sum by (topic)` counts it with its new owner's."""
+    monitor, registry = _monitor()
+    await monitor.tick(FakeConsumer({TP(IN, 0): 5, TP(IN, 1): 3}, {TP(IN, 0): 5, TP(IN, 1): 1}))
+    await monitor.tick(SlowPosition({TP(IN, 0): 6, TP(IN, 1): 9}, {TP(IN, 0): 5}))
+    assert _gauge(registry) == {(IN, "0"): 1.0, (IN, "1"): 2.0}  # partition 1 keeps its last value
+    await monitor.tick(FakeConsumer({TP(IN, 0): 7}, {TP(IN, 0): 5}))  # partition 1 moved away
+    assert _gauge(registry) == {(IN, "0"): 2.0}
+
+
+async def test_a_partition_that_stays_unreadable_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Mutant: the last warning forgotten after every sample, also one that left partitions unread. The
+    timer runs every LAG_INTERVAL_SECONDS: a partition whose position stays unreadable (a long restore)
+    would log the same warning every 5 s; once, and again only after it was read."""
+    monitor, _ = _monitor()
+    slow = SlowPosition({TP(IN, 0): 5, TP(IN, 1): 9}, {TP(IN, 0): 5})
+    readable = FakeConsumer({TP(IN, 0): 5, TP(IN, 1): 9}, {TP(IN, 0): 5, TP(IN, 1): 9})
+    with caplog.at_level(logging.WARNING, logger="streams.lag"):
+        for consumer in (slow, slow, slow, readable, slow):
+            await monitor.tick(consumer)
+    assert [r.getMessage() for r in caplog.records] == [
+        "consumer lag not sampled: position of agent-events[1] not read: TimeoutError()"
+    ] * 2
+
+
+async def test_a_partition_dropped_after_a_failed_sample_is_not_removed_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mutant: `keep_only_assigned` removes the revoked partitions' series but still counts them as
+    exported. prometheus-client before 0.22 (pyproject allows 0.20) raises KeyError when a series that
+    is not there is removed: the next sample would fail at that removal, and every one after it, with
+    the gauge frozen. Checked with that `remove`."""
+    monitor, registry = _monitor()
+    gauge = monitor.metrics.consumer_lag
+    lenient = gauge.remove
+
+    def strict(*labels: str) -> None:
+        if tuple(labels) not in gauge._metrics:
+            raise KeyError(labels)
+        lenient(*labels)
+
+    monkeypatch.setattr(gauge, "remove", strict)
+    await monitor.tick(FakeConsumer({TP(IN, 0): 10, TP(IN, 1): 20}, {TP(IN, 0): 5, TP(IN, 1): 5}))
+    with caplog.at_level(logging.WARNING, logger="streams.lag"):
+        await monitor.tick(FakeConsumer({TP(IN, 0): 10}, {TP(IN, 0): 5}, fail=TimeoutError()))
+        await monitor.tick(FakeConsumer({TP(IN, 0): 30}, {TP(IN, 0): 5}))
+    assert _gauge(registry) == {(IN, "0"): 25.0}
+    assert [r.getMessage() for r in caplog.records] == ["consumer lag not sampled: TimeoutError()"]

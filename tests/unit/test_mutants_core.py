@@ -17,19 +17,42 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 from faust.tables.recovery import ServiceStopped
 from faust.types import TP
 
 import streams.batch_runner
 from streams.agents import _writer, attach_agents
-from streams.app import Service, create_app
+from streams.app import Service, SourcePartitionedTable, create_app
 from streams.batch_runner import BatchRunner
-from streams.config import load_settings
-from streams.decoded_states import DecodedStates
+from streams.config import Settings, load_settings
+from streams.decoded_states import ClaimFacts, DecodedStates
+from streams.events import ClaimEvent
 from streams.recovery import SeekThenResumeRecovery
+from streams.scoring.claim_graph import ClaimArrived, ClaimNode
+from streams.stages import InputRecord
+from streams.stages.calibration import subject_key, upstream
+from streams.stages.claims import claim_message
+from streams.stages.common import ExpiryClock
 from streams.stages.history import HistoryWrite
-from streams.state import AgentHistory, TraceState
+from streams.stages.trace import claim_definition
+from streams.state import (
+    AgentHistory,
+    CalibrationItem,
+    CalibrationMessage,
+    GroupCalibration,
+    HistoryHour,
+    HourBucket,
+    SubjectEntry,
+    TraceState,
+    encode_history_hour,
+    table_key,
+)
+from tests.unit.stage_records import keyed
+from tests.unit.test_calibration_stage import DAY, TENANT, _outcome, _score
+from tests.unit.test_claim_node_bound import _claim, _supports
+from tests.unit.test_history_stage import EXAMPLE, _response
 
 ROOT = Path(__file__).parents[2]
 
@@ -48,6 +71,14 @@ def _attached(
     monkeypatch: pytest.MonkeyPatch, **settings: Any
 ) -> tuple[Service, dict[str, _Timer], list[BatchRunner]]:
     """A real app with the agents attached; its timers by name, and the runners the sweep sent through."""
+    svc, timers, sent, _ = _attached_with_facts(monkeypatch, **settings)
+    return svc, timers, sent
+
+
+def _attached_with_facts(
+    monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[Service, dict[str, _Timer], list[BatchRunner], ClaimFacts]:
+    """`_attached`, and the claim agent's neighbour facts cache (which `attach_agents` returns)."""
     svc = create_app(load_settings(**settings))
     timers: dict[str, _Timer] = {}
 
@@ -61,8 +92,8 @@ def _attached(
     sent: list[BatchRunner] = []
     monkeypatch.setattr(svc.app, "timer", timer)
     monkeypatch.setattr(BatchRunner, "send_table_changes", lambda runner: sent.append(runner))
-    attach_agents(svc)
-    return svc, timers, sent
+    facts = attach_agents(svc)
+    return svc, timers, sent, facts
 
 
 def _recovery(svc: Service) -> SeekThenResumeRecovery:
@@ -195,6 +226,215 @@ async def test_no_sweep_once_the_worker_is_stopping(
     await timers["sweep_expired_state"]()
     assert dict(svc.traces.items()).keys() == {b"t/x0", b"t/x1"}
     assert sent == []
+
+
+def _own_partition_0(svc: Service, *tables: SourcePartitionedTable) -> None:
+    """This worker owns partition 0 (the only one, TOPIC_PARTITIONS=1) of each of `tables`."""
+    for table in tables:
+        _recovery(svc).actives_for_table[table] = {TP(table.changelog_topic.get_topic_name(), 0)}
+
+
+CLAIM_T0 = datetime(2026, 9, 1, tzinfo=UTC)  # CLAIM_TTL_DAYS is 30 (README)
+
+
+def _claim_on(day: int, n: int, claim_id: str, **fields: Any) -> dict[str, Any]:
+    return {**_claim(n, claim_id, **fields), "timestamp": (CLAIM_T0 + timedelta(days=day)).isoformat()}
+
+
+def _feed_claims(svc: Service, *events: dict[str, Any]) -> None:
+    """Each CLAIM input through stage 3 as the claim agent runs it, its nodes stored with `set_from`."""
+    nodes = DecodedStates(svc.claims, ClaimNode)
+    for offset, event in enumerate(events):
+        claim = ClaimEvent.model_validate(event)
+        arrived = ClaimArrived(
+            definition=claim_definition(claim), source_event_id=claim.event_id, event_time=claim.timestamp
+        )
+        source = InputRecord("agent-events", 0, offset, 1.0, orjson.dumps(event))
+        made = claim_message(svc.settings, claim.tenant_id, arrived, source)
+        record = InputRecord(made.topic, made.partition or 0, offset, 1.0, made.value)
+        _, written = svc.claim_stage.process([record], nodes.load, nodes)
+        for key, write in written.items():
+            svc.claims.set_from(key, nodes.encode(key, write.node), write.partition)
+
+
+async def test_the_sweep_deletes_an_expired_claim_and_its_entry_in_the_live_claim_it_supported(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutants: the claim rewrites, the deletion of expired claims, or `write_claim`'s
+    `claim_facts.forget` removed. x supports t; t is re-sent on day 20, x never again: on day 31 x is past
+    CLAIM_TTL_DAYS and goes, and t (alive) is rewritten without x's edge, or a new x would take it over.
+    The claim view's cached facts of t must not keep t's replaced bytes."""
+    svc, timers, _, facts = _attached_with_facts(monkeypatch, topic_partitions=1)
+    svc.claim_stage.clock = ExpiryClock(timedelta(hours=1))  # one source: no idle-source grace
+    x, t, other = (orjson.dumps(["t", claim_id]) for claim_id in ("x", "t", "other"))
+    _feed_claims(
+        svc,
+        _claim_on(0, 0, "x", relationships=[_supports("t", 1.0)]),
+        _claim_on(0, 1, "t"),
+        {**_claim_on(20, 2, "t"), "statement": "t v2"},
+        _claim_on(31, 5, "other"),  # the tenant's event time: day 31
+    )
+    assert set(ClaimNode.model_validate_json(svc.claims[t]).incoming) == {"x"}  # the premise
+    assert facts.get(t) is not None  # the claim view read t: its facts are cached
+    svc.claims.take_changelog()
+    _own_partition_0(svc, svc.claims)
+    _ready(svc)
+    await timers["sweep_expired_state"]()
+    assert svc.health.fatal is None
+    assert set(dict(svc.claims.items())) == {t, other}
+    assert ClaimNode.model_validate_json(svc.claims[t]).incoming == {}
+    assert [(r.key, r.value is None) for r in svc.claims.take_changelog()] == [(t, False), (x, True)]
+    assert t not in facts._facts  # the old bytes of t are not held by the cache
+
+
+HISTORY_T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def _feed_responses(svc: Service, *responses: dict[str, object]) -> None:
+    """Each LLM_RESPONSE through stage 1 and stage 2 as the agents run them; the history tables written
+    through the history agent's writer."""
+    states: dict[str, DecodedStates[Any]] = {
+        "summary": DecodedStates(svc.agents_history, AgentHistory),
+        "hours": DecodedStates(svc.agent_history_hours, HistoryHour, encoder=encode_history_hour),
+    }
+    write = _writer(states)
+    for offset, event in enumerate(responses):
+        record = keyed(InputRecord(svc.settings.input_topic_names[0], 0, offset, 1.0, orjson.dumps(event)))
+        out, _ = svc.trace_stage.process([record], lambda key: None)
+        forwarded = next(r.value for r in out if r.topic == svc.settings.responses_topic)
+        response = InputRecord(svc.settings.responses_topic, 0, offset, 1.0, forwarded)
+        _, writes = svc.agent_stage.process([response], states["summary"].load, states["hours"].load)
+        for key, history_write in writes.items():
+            write(key, history_write)
+
+
+async def test_the_sweep_deletes_a_silent_agents_summary_and_every_chunk_of_its_hours(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutants: the deletion of the history's chunks, or of its summary, removed. An agent silent past
+    HISTORY_RETENTION_HOURS leaves both tables whole (agent names need not be a fixed set); an agent
+    heard within it keeps its history."""
+    svc, timers, _ = _attached(
+        monkeypatch,
+        topic_partitions=1,
+        history_retention_hours=2,
+        history_window_hours=1,
+        history_chunk_bytes=700,
+    )
+    svc.agent_stage.clock = ExpiryClock(timedelta(hours=1))
+    old = [_response(f"old-{i}", HISTORY_T0 + timedelta(minutes=10 * i), True, "a") for i in range(12)]
+    _feed_responses(svc, *old, _response("new", HISTORY_T0 + timedelta(hours=5), True, "b"))
+    gone, kept = table_key(EXAMPLE["tenant_id"], "a"), table_key(EXAMPLE["tenant_id"], "b")
+    summary = AgentHistory.model_validate_json(svc.agents_history[gone])
+    chunks = set(svc.agent_stage.expired_keys(summary))
+    assert len(chunks) > 2 and chunks < set(svc.agent_history_hours.keys())  # the premise
+    _own_partition_0(svc, svc.agents_history, svc.agent_history_hours)
+    _ready(svc)
+    await timers["sweep_expired_state"]()
+    assert svc.health.fatal is None
+    assert set(svc.agents_history.keys()) == {kept}  # newest 01:50 + 2 h < 05:00
+    kept_summary = AgentHistory.model_validate_json(svc.agents_history[kept])
+    assert set(svc.agent_history_hours.keys()) == set(svc.agent_stage.expired_keys(kept_summary))
+
+
+async def test_the_sweep_rewrites_a_kept_score_entry_then_deletes_it_with_its_expired_groups(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str]
+) -> None:
+    """Mutants: the rewrite of a kept subject entry, the deletion of a subject entry, or the
+    `group_expired` check (flipped) removed. A score and its outcome, one-hour windows: past the score's
+    join window the entry keeps only the counted outcome id (until that outcome's hour of waiting ends,
+    so a re-delivered one stays a duplicate); past that it goes; once the newest outcome's hour left
+    CALIBRATION_WINDOW_HOURS its groups and their hour buckets go too."""
+    svc, timers, _ = _attached(
+        monkeypatch, topic_partitions=1, calibration_window_hours=1, calibration_join_window_hours=1
+    )
+    stage = svc.calibration_stage
+    stage.clock = ExpiryClock(timedelta(hours=1), None)  # one source: no idle wait before sweeping
+    offsets = iter(range(100))
+
+    def feed(*items: CalibrationItem) -> None:
+        message = CalibrationMessage(tenant_id=TENANT, items=list(items), source=upstream("trace", 0))
+        record = InputRecord("calibration", 0, next(offsets), 1.0, message.model_dump_json().encode())
+        states: dict[str, DecodedStates[Any]] = {
+            "subjects": DecodedStates(svc.calibration_subjects, SubjectEntry),
+            "groups": DecodedStates(svc.calibration_groups, GroupCalibration),
+            "hours": DecodedStates(svc.calibration_hours, HourBucket),
+        }
+        _, writes = stage.process([record], lambda table, key: states[table].load(key))
+        write = _writer(states)
+        for key, calibration_write in writes.items():
+            write(key, calibration_write)
+
+    base = -3 * DAY  # in the past: event times are bounded by the wall clock
+    feed(_score("r1", base), _outcome("o1", "r1", base + 10))  # joined; o1's hour of waiting ends at +70
+    key = subject_key(TENANT, "response", "r1")
+    assert len(svc.calibration_groups) > 0 and len(svc.calibration_hours) > 0  # the premise
+    _own_partition_0(svc, svc.calibration_subjects, svc.calibration_groups, svc.calibration_hours)
+    _ready(svc)
+
+    feed(_score("clock-1", base + 65))  # past the score's join window (+60), within o1's wait
+    await timers["sweep_expired_state"]()
+    kept = SubjectEntry.model_validate_json(svc.calibration_subjects[key])
+    assert (kept.subject, kept.applied) == (None, ("o1",))
+    assert len(svc.calibration_groups) > 0  # newest outcome +10: the window holds it until +130
+
+    feed(_score("clock-2", base + 131))
+    await timers["sweep_expired_state"]()
+    assert svc.health.fatal is None
+    assert key not in svc.calibration_subjects
+    assert len(svc.calibration_groups) == 0 and len(svc.calibration_hours) == 0
+
+
+class _Backlogged:
+    """Stage 1's input partition and a later stage's, `unread` records behind on the latter."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.input = TP(settings.input_topic_names[0], 0)
+        self.internal = TP(settings.internal_topics[0], 0)
+        self.unread = 0
+        self.paused: set[TP] = set()
+        self._read_offset: dict[TP, int] = {}
+        self._committed_offset = {self.internal: 0}
+
+    def assignment(self) -> set[TP]:
+        return {self.input, self.internal}
+
+    def highwater(self, tp: TP) -> int | None:
+        return self.unread if tp == self.internal else None
+
+    def pause_partitions(self, tps: set[TP]) -> None:
+        self.paused |= tps
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        self.paused -= tps
+
+
+@pytest.mark.parametrize("agent", ["score-responses", "score-claims", "calibrate"])
+async def test_a_later_stage_batch_lets_held_input_flow_again_at_once(
+    monkeypatch: pytest.MonkeyPatch, exits: list[str], agent: str
+) -> None:
+    """Mutant: `later_stage` no longer calls `alignment.check`. Input held back while the later stages
+    lag (INTERNAL_BACKLOG_MAX_RECORDS) must flow again as soon as a later stage's batch leaves the
+    backlog at most half the bound, not on the next tick: those stages would run out of work."""
+    svc, timers, _ = _attached(monkeypatch, internal_backlog_max_records=100)
+    processes: dict[str, Callable[[list[InputRecord]], object]] = {}
+
+    async def run(
+        runner: BatchRunner, stream: Any, process: Callable[[list[InputRecord]], object], *_: Any
+    ) -> None:
+        processes[runner.agent] = process
+
+    monkeypatch.setattr(BatchRunner, "run", run)
+    await svc.app.agents[agent].fun(None)
+    consumer = _Backlogged(svc.settings)
+    svc.app.consumer = consumer
+    svc.app.rebalancing = False
+    consumer.unread = 101
+    await timers["check_input_alignment"]()  # the timer
+    assert consumer.paused == {consumer.input}  # the premise: held back
+    consumer.unread = 50
+    processes[agent]([])
+    assert consumer.paused == set()
 
 
 # streams/recovery.py
