@@ -17,6 +17,7 @@ from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import for_code
 from rich.table import Table
 
 from streams.config import Settings
@@ -59,6 +60,9 @@ class TopicState:
     retention_ms: int | None  # None: not set on the topic (the broker's default applies)
     cleanup_policy: str | None
     partitions: tuple[PartitionState, ...]
+    # The broker's error for this topic's metadata (a leader being elected, say): it exists, but its
+    # partitions are not known.
+    error: str | None = None
 
     @property
     def end_offsets_total(self) -> int:
@@ -114,8 +118,13 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
         existing = set(await admin.list_topics())
         present = [name for name, _ in named if name in existing]
         partition_ids: dict[str, list[int]] = {}
+        errors: dict[str, str] = {}
         if present:
             for meta in await admin.describe_topics(present):
+                if meta.get("error_code"):
+                    code = meta["error_code"]
+                    errors[meta["topic"]] = f"{for_code(code).__name__} ({code})"
+                    continue
                 partition_ids[meta["topic"]] = sorted(p["partition"] for p in meta["partitions"])
         configs = await topic_configs(admin, present)
     finally:
@@ -166,6 +175,7 @@ async def describe_topics(settings: Settings, changelogs: Iterable[str]) -> list
                 retention_ms=int(retention) if retention is not None else None,
                 cleanup_policy=config.get("cleanup.policy"),
                 partitions=partitions,
+                error=errors.get(name),
             )
         )
     return states
@@ -203,6 +213,10 @@ def table_of(states: list[TopicState], group: str) -> Table:
         if not state.exists:
             table.add_row(state.topic, state.role, "", "", "[red]missing[/]", "", "", "", end_section=True)
             continue
+        if not state.partitions:
+            problem = f"error: {state.error}" if state.error else "no partitions"
+            table.add_row(*head, f"[red]{problem}[/]", "", "", "", end_section=True)
+            continue
         for index, p in enumerate(state.partitions):
             lag = _opt(p.lag)
             table.add_row(
@@ -235,6 +249,7 @@ def to_json(states: list[TopicState], group: str, bootstrap: str) -> dict[str, o
                 "topic": s.topic,
                 "role": s.role,
                 "exists": s.exists,
+                "error": s.error,
                 "partition_count": len(s.partitions),
                 "retention_ms": s.retention_ms,
                 "cleanup_policy": s.cleanup_policy,

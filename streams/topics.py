@@ -124,11 +124,11 @@ def config_warnings(
     for name in changelogs:
         if name not in configs:
             continue
-        policy = configs[name].get("cleanup.policy")
-        deletes = policy is not None and "delete" in policy and configs[name].get("retention.ms") != "-1"
-        if policy is None or "compact" not in policy or deletes:
+        cleanup = configs[name].get("cleanup.policy")
+        deletes = cleanup is not None and "delete" in cleanup and configs[name].get("retention.ms") != "-1"
+        if cleanup is None or "compact" not in cleanup or deletes:
             warnings.append(
-                f"changelog topic {name} has cleanup.policy={policy or 'the broker default'}, not compact "
+                f"changelog topic {name} has cleanup.policy={cleanup or 'the broker default'}, not compact "
                 "alone: table state older than its retention is lost when a worker restores"
             )
     return warnings
