@@ -297,8 +297,8 @@ def _tansu() -> Iterator[RunningBroker]:
 
 
 def kraft_environment(advertised: str) -> dict[str, str]:
-    """Single-node KRaft settings for the ``apache/kafka`` container the harness starts (docker-compose.yml sets
-    its own listeners, for two workers and Prometheus)."""
+    """Single-node KRaft settings for the ``apache/kafka`` container the harness starts
+    (docker-compose.yml sets its own listeners, for two workers and Prometheus)."""
     return {
         "KAFKA_NODE_ID": "1",
         "KAFKA_PROCESS_ROLES": "broker,controller",
