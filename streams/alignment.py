@@ -193,7 +193,7 @@ class InputAlignment:
         if not holding and paused != self._ahead:  # logged as alignment decides, not per hold
             log.info(
                 "input alignment: partitions paused now: %s (more than %s ahead of the slowest delivering one)",
-                sorted(f"{tp.topic}[{tp.partition}]" for tp in paused),
+                [f"{tp.topic}[{tp.partition}]" for tp in sorted(paused)],  # t[2] before t[10]
                 self.max_lead,
             )
             self._ahead = paused

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 from prometheus_client import CollectorRegistry
@@ -349,3 +351,12 @@ def test_a_paused_partition_revoked_meanwhile_is_not_resumed_and_alignment_goes_
     assert s.paused() == {1}  # alignment still decides
     s.batch(p2=T0 + 9 * HOUR)
     assert s.paused() == set()
+
+
+def test_the_paused_partitions_are_logged_in_partition_order(caplog: pytest.LogCaptureFixture) -> None:
+    """The log line listed them sorted as strings, in[10] before in[2]."""
+    s = Setup(list(range(11)))
+    with caplog.at_level(logging.INFO, logger="streams.alignment"):
+        s.batch_of({TP("in", p): T0 + 10 * HOUR if p in (2, 10) else T0 for p in range(11)})
+    assert s.paused() == {2, 10}
+    assert "partitions paused now: ['in[2]', 'in[10]']" in caplog.text
