@@ -356,32 +356,14 @@ def test_json_gives_retention_in_milliseconds() -> None:
 
 
 def test_a_topic_whose_metadata_the_broker_answers_with_an_error_is_listed_with_that_error(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, admin: type[_Admin]
 ) -> None:
     """README: `topics describe` lists every topic the service creates. One the broker lists but whose
     metadata it answers with an error (a leader being elected) had no row at all: neither its partitions
     nor "missing". Now it has one naming the error, in the table and in `--json`."""
 
-    class ErrorAdmin:
-        def __init__(self, **_: Any) -> None:
-            pass
-
-        async def start(self) -> None:
-            pass
-
-        async def close(self) -> None:
-            pass
-
-        async def list_topics(self) -> list[str]:
-            return ["in"]
-
-        async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
-            return [{"topic": n, "error_code": 5, "partitions": []} for n in names]  # LEADER_NOT_AVAILABLE
-
-        async def describe_configs(self, resources: Any) -> list[Any]:
-            return []
-
-    monkeypatch.setattr(streams.describe, "AIOKafkaAdminClient", ErrorAdmin)
+    admin.partitions, admin.errors = {"in": 0}, {"in": 5}  # LEADER_NOT_AVAILABLE: no partitions known
+    monkeypatch.setattr(streams.describe, "AIOKafkaAdminClient", admin)
     settings = load_settings(input_topics="in", app_id="cs")
     states = asyncio.run(describe_topics(settings, []))
     (state,) = [s for s in states if s.topic == "in"]
