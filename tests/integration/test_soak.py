@@ -145,16 +145,11 @@ def test_soak_state_and_memory_level_off(kafka: RunningBroker, request: pytest.F
         # Scores wait for outcomes CALIBRATION_JOIN_WINDOW_HOURS of event time (7 days by default).
         CALIBRATION_JOIN_WINDOW_HOURS=f"{ttl_hours:.6f}",
         SWEEP_INTERVAL_SECONDS="0.5",
-        # How long an upstream partition may send nothing before the claims', histories' and
-        # calibration's watermarks leave it out (wall clock; 300 s by default). Unpaced, the full run's
-        # input partitions drift thousands of records apart and the saturated worker reads the internal
-        # topics in bursts, so one source can go unheard for seconds while it is the one behind: with
-        # 2 s, the claims' watermark then passed a target's TTL before its supporter from the same trace
-        # arrived, and 1-6 of the 60,020 CLAIM_SCOREDs (the re-scores) were missing in 3 of 5 full runs
-        # (the thirty-third round; with 10 s, 3 of 3 passed). It is also the grace after a partition's
-        # first event, so it is kept short: 30 s passed too, but the state of its first 30 s, never
-        # swept meanwhile, doubled the RSS. Paced, the shortened run cannot drift that far (the claim
-        # TTL is 1,000 records of a partition, at most 2 * chunk wait), and needs 2 s to sweep at all.
+        # An upstream partition unheard this long (wall clock) leaves the claims', histories' and
+        # calibration's watermarks. Unpaced, the full run drifts thousands of records apart and a
+        # partition that is behind can go unheard for seconds: with 2 s, claims were swept before their
+        # supporters arrived (DECISIONS, thirty-third round). It is also the grace after a first event,
+        # so it stays short; the paced shortened run cannot drift a TTL apart and needs 2 s to sweep.
         EXPIRY_SOURCE_IDLE_SECONDS=str(sized(request.config, "SOAK_SOURCE_IDLE_SECONDS", 10, 2)),
         # Input alignment scaled like the TTLs above: the default lead (2 h) is a twelfth of the default
         # trace TTL (24 h), and unscaled it would be most of this run's TTL.
