@@ -8,9 +8,6 @@ that keeps the function, and `stop_worker`'s delayed exit is recorded instead of
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import textwrap
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -604,47 +601,7 @@ def test_the_app_reads_from_the_beginning_takes_no_environment_and_fills_the_int
     assert svc.app.tables["traces"] is svc.traces and svc.app.tables["claims"] is svc.claims
 
 
-_STOP_OVERRUNNING = textwrap.dedent(
-    """
-    import asyncio, logging, signal, sys
-    import faust
-    from streams.app import DeadlinedWorker
-
-    logging.basicConfig(level=logging.INFO)
-
-    class StuckStop(DeadlinedWorker):
-        async def on_stop(self) -> None:
-            await super().on_stop()
-            await asyncio.sleep(30)  # an offset commit the broker keeps refusing
-
-    app = faust.App("probe", broker="kafka://127.0.0.1:1", autodiscover=False)
-    worker = StuckStop(app, loglevel="info", quiet=True, debug=False)
-    worker.shutdown_timeout_seconds = 0.5
-
-    async def sigterm() -> None:
-        worker._schedule_shutdown(signal.SIGTERM)
-
-    worker.loop.run_until_complete(sigterm())
-    worker.stop_and_shutdown()
-    sys.exit(0)
-    """
-)
-
-
-def test_a_graceful_stop_past_its_deadline_exits_70() -> None:
-    """Mutants: the deadline's timer not started (or only on a second signal), the exit status 0. The
-    existing test covers only a stop inside the deadline; one that cannot commit must end with 70."""
-    run = subprocess.run(
-        [sys.executable, "-c", _STOP_OVERRUNNING],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 70, log
-    assert "did not finish in 0.5 s (SHUTDOWN_TIMEOUT_SECONDS)" in log, log
+# The graceful stop's deadline exiting 70: tests/unit/test_shutdown_deadline.py.
 
 
 def test_a_key_written_through_set_from_keeps_no_partition_for_a_later_write() -> None:
