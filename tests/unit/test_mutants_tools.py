@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import os
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from streams.cli import main
 from streams.kafka_io import Consumed
 from streams.progress import StepProgress
 from streams.tail import dead_letter_json, format_output
+from tests.unit.conftest import Clock
 
 # ---------------------------------------------------------------- tail: the line of one output
 
@@ -210,21 +210,6 @@ def test_ctrl_c_ends_tail_with_status_130_and_a_closed_pipe_with_0(monkeypatch: 
 
 
 # ---------------------------------------------------------------- progress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(time, "monotonic", fake)  # the clock progress reads
-    return fake
 
 
 def test_plain_progress_by_default_prints_a_counted_step_at_most_once_a_second(clock: Clock) -> None:

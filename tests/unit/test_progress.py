@@ -6,28 +6,12 @@ import io
 from collections import Counter
 
 import orjson
-import pytest
 from rich.console import Console
 
-from streams import progress as progress_module
 from streams.demo_runner import received_of
 from streams.kafka_io import Consumed
 from streams.progress import StepProgress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(progress_module.time, "monotonic", fake)
-    return fake
+from tests.unit.conftest import Clock
 
 
 def test_plain_lines_off_a_terminal(clock: Clock) -> None:
